@@ -1,0 +1,50 @@
+"""gtpo: GTPO (Simoni et al., TACL 2026, arXiv 2508.03772) for Hugging Face causal LMs.
+
+The maths lives in pure tensor functions (``gtpo.advantages``, ``gtpo.conflict``,
+``gtpo.losses``, ``gtpo.ops``); the trainer (``gtpo.trainer``) and the CLI (``gtpo.cli``)
+orchestrate them. Public names are imported lazily so that ``import gtpo`` stays cheap and
+the maths modules never pull in ``transformers``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    # maths
+    "group_advantages": "gtpo.advantages",
+    "shape_advantages": "gtpo.advantages",
+    "conflict_weights": "gtpo.conflict",
+    "conflict_runs": "gtpo.conflict",
+    "token_logprobs_and_entropy": "gtpo.ops",
+    "masked_mean": "gtpo.ops",
+    "masked_sum": "gtpo.ops",
+    "aggregate": "gtpo.ops",
+    "policy_loss": "gtpo.losses",
+    "LossOutput": "gtpo.losses",
+    "LOSS_TYPES": "gtpo.losses",
+    # configuration and training
+    "GTPOConfig": "gtpo.config",
+    "GTPOTrainer": "gtpo.trainer",
+    # evaluation
+    "pass_at_k": "gtpo.evaluate",
+    "maj_at_k": "gtpo.evaluate",
+    "evaluate": "gtpo.evaluate",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gtpo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__
