@@ -1,0 +1,423 @@
+"""Configuration of a GTPO / GRPO / Dr.GRPO / DAPO run: one dataclass, presets, validation.
+
+Field names follow TRL's ``GRPOConfig`` where one exists (``max_completion_length``,
+``num_iterations``, ``beta``, ``epsilon``, ``epsilon_high``, ``scale_rewards``,
+``mask_truncated_completions``, ``reward_weights``, ...). Every field documents what it does, its
+default, and the paper or code it comes from. Sources are tagged as in ``docs/method.md``:
+**[P]** the GTPO paper (Simoni et al., TACL 2026, arXiv 2508.03772), **[C]** its released
+reference code (github.com/winstonsmith1897/GTPO), **[D]** a decision of this project.
+
+Presets (:meth:`GTPOConfig.from_preset`):
+
+* ``official`` -- the released code's choices, which produced the published numbers: fixed
+  entropy threshold 0.7 applied to every completion, gamma 0.1, conflict weights 2.0 / 0.0
+  multiplied across the prefix and suffix runs, each completion's loss divided by its
+  conflict count, completions summed.
+* ``paper`` -- the printed objective: mean over the G completions, no conflict-count division,
+  the <H>_ini rule with threshold ln 2 (filter only if the policy started below ln 2).
+* ``grpo``, ``dr_grpo``, ``dapo`` -- the baselines with their usual settings.
+
+This module imports nothing from torch or the rest of the package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+LN2 = math.log(2.0)
+
+LOSS_TYPES = ("gtpo", "grpo", "dr_grpo", "dapo")
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "constant")
+SCALE_REWARDS = ("none", "group", "batch")
+ENTROPY_RULES = ("fixed", "initial")
+FILTER_SCOPES = ("all", "negative")
+CONFLICT_COMBINE = ("product", "union")
+CONFLICT_COUNT = ("max_run", "union")
+COMPLETION_REDUCTIONS = ("sum", "mean")
+REPORT_TARGETS = ("none", "tensorboard", "wandb", "trackio")
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with its documentation in ``metadata['help']`` (read by the CLI)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class GTPOConfig:
+    """Hyperparameters of a training run. See each field's ``help`` (``gtpo train --help``)."""
+
+    # ------------------------------------------------------------------ run
+    output_dir: str = _f("runs/gtpo", "Directory for checkpoints, metrics.jsonl, the report and the final model.")
+    overwrite_output_dir: bool = _f(
+        False,
+        "Allow training into an output_dir that already holds a different run (its checkpoints are "
+        "removed first). Without it such a directory is refused unless resuming.",
+    )
+    seed: int = _f(42, "Seed of every random number generator (data order, sampling, initialisation). [C] uses 3407.")
+    max_steps: int = _f(100, "Number of optimisation steps (one rollout batch each, times num_iterations updates).")
+
+    # ------------------------------------------------------------------ algorithm
+    loss_type: str = _f(
+        "gtpo",
+        "Policy loss: 'gtpo' (conflict-token weights + entropy filter/shaping, no KL, no reference model; "
+        "arXiv 2508.03772), 'grpo' (clipped surrogate, seq-mean-token-mean, optional KL; Shao et al. 2024), "
+        "'dr_grpo' (no std scaling, constant normaliser; Liu et al. 2025), 'dapo' (clip-higher, token-mean, "
+        "dynamic sampling, overlong shaping; Yu et al. 2025).",
+    )
+    group_size: int = _f(
+        8,
+        "Completions sampled per prompt (G; TRL: num_generations). Advantages are relative to the group. "
+        "[C] uses 8 (also 12). Must be >= 2.",
+    )
+    prompts_per_step: int = _f(
+        1,
+        "Prompts per optimisation step over all processes (P); the rollout batch has P*G completions. "
+        "Must be divisible by the number of processes, each of which holds whole groups. [C] uses 1.",
+    )
+    scale_rewards: str | None = _f(
+        None,
+        "Advantage scaling: 'none' (R - group mean; GTPO [C] and Dr.GRPO), 'group' (divide by group std; "
+        "GRPO), 'batch' (divide by batch std). None picks the loss type's default.",
+    )
+    num_iterations: int = _f(
+        1,
+        "Policy updates per rollout batch (mu in GRPO). With 1 the ratio is exactly 1 (on-policy, as in [C]); "
+        "with more, rollout log-probs are kept and the PPO clip is applied ([D]).",
+    )
+    epsilon: float = _f(0.2, "Lower clip range eps_low of the importance ratio (PPO / GRPO).")
+    epsilon_high: float | None = _f(
+        None, "Upper clip range eps_high; None uses epsilon. DAPO's clip-higher uses 0.28 (Yu et al. 2025)."
+    )
+    beta: float = _f(
+        0.0,
+        "KL coefficient against a frozen reference model (k3 estimator). 0 loads no reference model. "
+        "GTPO never uses KL [P]; only grpo/dr_grpo/dapo accept beta > 0.",
+    )
+    loss_aggregation: str | None = _f(
+        None,
+        "Override the loss aggregation for grpo/dr_grpo/dapo: 'token_mean', 'seq_mean_token_mean', 'constant'. "
+        "None uses the loss type's own (grpo: seq_mean_token_mean, dapo: token_mean, dr_grpo: constant).",
+    )
+    # GTPO: conflict tokens
+    pos_weight: float = _f(
+        2.0, "GTPO weight of conflict-run tokens in positive completions (amplified update) [C]: 2.0."
+    )
+    neg_weight: float = _f(
+        0.0, "GTPO weight of conflict-run tokens in negative completions [C]: 0.0 (the negative update is skipped)."
+    )
+    conflict_combine: str = _f(
+        "product",
+        "How prefix and suffix run weights combine: 'product' ([C]: a positive token in both runs gets 4.0) "
+        "or 'union' ([D]: the weight once).",
+    )
+    conflict_count: str = _f(
+        "max_run",
+        "Conflict count n_i that divides a completion's loss: 'max_run' ([C]: max of prefix and suffix run "
+        "lengths) or 'union' (tokens in either run).",
+    )
+    divide_by_conflict_count: bool = _f(
+        True, "Divide each completion's loss by max(n_i, 1) as [C] does; the paper's objective has no such term."
+    )
+    completion_reduction: str = _f(
+        "sum",
+        "GTPO reduction over completions: 'sum' ([C]: summed over the group, then averaged over prompts) or "
+        "'mean' ([P]: the 1/G of the printed objective).",
+    )
+    # GTPO: entropy control
+    entropy_filter: bool = _f(
+        True, "GTPO: drop (advantage 0) completions whose mean token entropy exceeds entropy_threshold [P][C]."
+    )
+    entropy_threshold: float = _f(
+        0.7,
+        "Entropy threshold tau in nats. [C] 0.7 (1.02 in the Qwen notebooks); [P] ln 2 ~ 0.693 with the "
+        "<H>_ini rule; paper ablations 0.7 / 1.05 / 2.0.",
+    )
+    entropy_rule: str = _f(
+        "fixed",
+        "'fixed' ([C]: always filter at the threshold) or 'initial' ([P]: the filter is active only if the "
+        "policy's mean entropy at the start of training, <H>_ini, is at most the threshold).",
+    )
+    entropy_filter_scope: str = _f(
+        "all", "Which completions the filter may drop: 'all' ([P][C]) or 'negative' (the paper's OnlyNeg ablation)."
+    )
+    gamma: float = _f(
+        0.1,
+        "GTPO entropy shaping: kept completions get advantage A - gamma * <H>_i (<H>_i detached) [P][C]: 0.1. "
+        "Works with or without the filter (paper ablation).",
+    )
+
+    # ------------------------------------------------------------------ DAPO extras
+    dynamic_sampling: bool | None = _f(
+        None,
+        "DAPO dynamic sampling: replace groups whose rewards are all equal by newly sampled ones (up to "
+        "max_resample_rounds). None: on for dapo, off otherwise.",
+    )
+    max_resample_rounds: int = _f(3, "Extra rollout rounds dynamic sampling may use to fill the batch.")
+    overlong_buffer_length: int = _f(
+        0,
+        "DAPO overlong reward shaping: completions longer than max_completion_length - buffer get a linear "
+        "penalty up to overlong_penalty_factor. 0 disables.",
+    )
+    overlong_penalty_factor: float = _f(1.0, "Maximum overlong penalty (subtracted from the reward).")
+
+    # ------------------------------------------------------------------ generation
+    max_prompt_length: int = _f(
+        512, "Prompts longer than this many tokens are dropped from the dataset (with a count). [C] 4000."
+    )
+    max_completion_length: int = _f(256, "Maximum generated tokens per completion. [C] 1500.")
+    temperature: float = _f(1.0, "Sampling temperature; also divides the logits when computing log-probs and entropy.")
+    top_p: float = _f(1.0, "Nucleus sampling probability.")
+    top_k: int = _f(0, "Top-k sampling; 0 disables it.")
+    repetition_penalty: float = _f(1.0, "Repetition penalty of transformers generate (1.0 = none).")
+    mask_truncated_completions: bool = _f(
+        False, "Exclude completions that hit max_completion_length without EOS from the loss (DAPO recommends it)."
+    )
+    generation_batch_size: int | None = _f(
+        None, "Completions generated per generate() call; None generates the whole rollout batch at once."
+    )
+    use_vllm: bool = _f(False, "Generate with vLLM (optional extra, GPU); off by default.")
+
+    # ------------------------------------------------------------------ optimisation
+    learning_rate: float = _f(1e-6, "Peak learning rate of AdamW. [C] 1e-6 (LoRA r=128).")
+    lr_scheduler_type: str = _f("cosine", "Any transformers scheduler name ('cosine', 'linear', 'constant', ...). [C] cosine.")
+    warmup_ratio: float = _f(0.0, "Fraction of max_steps used for linear warm-up. [C] 0.005.")
+    weight_decay: float = _f(0.0, "AdamW weight decay. [C] 0.1.")
+    adam_beta1: float = _f(0.9, "AdamW beta1. [C] 0.999999 (as released).")
+    adam_beta2: float = _f(0.999, "AdamW beta2. [C] 0.999999 (as released).")
+    adam_epsilon: float = _f(1e-8, "AdamW epsilon.")
+    max_grad_norm: float = _f(1.0, "Gradient clipping norm; 0 disables. [C] 0.1.")
+    micro_batch_size: int | None = _f(
+        None,
+        "Completions per forward/backward pass; gradients are accumulated over the rollout batch with "
+        "normalisers of the whole batch, so the update does not depend on it. None: the whole batch.",
+    )
+    logprob_chunk_size: int | None = _f(
+        None,
+        "Token rows per chunk in the chunked log-prob/entropy head (the (N, T, V) logits never exist at "
+        "once). None picks a size from the vocabulary.",
+    )
+    bf16: bool = _f(False, "Train in bfloat16 mixed precision (GPU).")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass to save memory.")
+    max_consecutive_skips: int = _f(
+        5,
+        "Steps whose loss or gradient is NaN/inf are skipped (counted in skipped_steps); after this many "
+        "consecutive skips the run stops with an error, keeping the last good checkpoint.",
+    )
+
+    # ------------------------------------------------------------------ rewards
+    reward_weights: list[float] | None = _f(
+        None, "One weight per reward function (default all 1); the reward is their weighted sum."
+    )
+
+    # ------------------------------------------------------------------ logging, saving, evaluation
+    logging_steps: int = _f(1, "Metrics are computed every step; trackers receive them every logging_steps.")
+    report_to: list[str] | str = _f(
+        "none", "Trackers besides metrics.jsonl: 'tensorboard', 'wandb', 'trackio' (a list or one name), or 'none'."
+    )
+    run_name: str | None = _f(None, "Run name for trackers; default: the output_dir's name.")
+    log_completions_steps: int = _f(
+        10, "Every this many steps, a few sample completions go to completions.jsonl (and trackers). 0 disables."
+    )
+    num_completions_to_print: int = _f(4, "How many sample completions are logged each time.")
+    save_steps: int = _f(50, "Save a checkpoint every this many steps (0: only the final model).")
+    save_total_limit: int | None = _f(2, "Keep only the newest this many checkpoints (None keeps all).")
+    eval_steps: int = _f(0, "Evaluate on the eval dataset every this many steps (0 disables).")
+    eval_num_samples: int = _f(1, "Samples per eval problem (n); 1 with eval_temperature 0 is greedy accuracy.")
+    eval_k: list[int] = _f([1], "k values of pass@k / maj@k logged during training.")
+    eval_temperature: float = _f(0.0, "Sampling temperature of the in-training evaluation (0 = greedy).")
+    eval_max_new_tokens: int | None = _f(None, "Max new tokens in evaluation; None uses max_completion_length.")
+    disable_tqdm: bool = _f(False, "Hide the progress bar.")
+
+    # ------------------------------------------------------------------ helpers
+    def __post_init__(self) -> None:
+        if isinstance(self.report_to, str):
+            self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+        self.validate()
+
+    # defaults that depend on the loss type ------------------------------------------------
+    @property
+    def resolved_scale_rewards(self) -> str:
+        if self.scale_rewards is not None:
+            return self.scale_rewards
+        return "group" if self.loss_type in ("grpo", "dapo") else "none"
+
+    @property
+    def resolved_epsilon_high(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    @property
+    def resolved_dynamic_sampling(self) -> bool:
+        return self.loss_type == "dapo" if self.dynamic_sampling is None else self.dynamic_sampling
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the field, the expected values and the value got."""
+
+        def choice(name: str, options: tuple, allow_none: bool = False) -> None:
+            value = getattr(self, name)
+            if value is None and allow_none:
+                return
+            if value not in options:
+                raise ValueError(f"GTPOConfig.{name} must be one of {list(options)}, got {value!r}")
+
+        def at_least(name: str, low: float, *, allow_none: bool = False, strict: bool = False) -> None:
+            value = getattr(self, name)
+            if value is None and allow_none:
+                return
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"GTPOConfig.{name} must be a number, got {value!r}")
+            if value < low or (strict and value == low):
+                rel = ">" if strict else ">="
+                raise ValueError(f"GTPOConfig.{name} must be {rel} {low}, got {value!r}")
+
+        choice("loss_type", LOSS_TYPES)
+        choice("scale_rewards", SCALE_REWARDS, allow_none=True)
+        choice("loss_aggregation", AGGREGATIONS, allow_none=True)
+        choice("conflict_combine", CONFLICT_COMBINE)
+        choice("conflict_count", CONFLICT_COUNT)
+        choice("completion_reduction", COMPLETION_REDUCTIONS)
+        choice("entropy_rule", ENTROPY_RULES)
+        choice("entropy_filter_scope", FILTER_SCOPES)
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 2:
+            raise ValueError(
+                f"GTPOConfig.group_size must be an integer >= 2 (advantages are relative to the group), "
+                f"got {self.group_size!r}"
+            )
+        for name in ("prompts_per_step", "max_steps", "num_iterations", "max_prompt_length", "max_completion_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GTPOConfig.{name} must be an integer >= 1, got {value!r}")
+        for name in ("save_steps", "eval_steps", "log_completions_steps", "overlong_buffer_length", "max_resample_rounds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"GTPOConfig.{name} must be an integer >= 0, got {value!r}")
+        if self.micro_batch_size is not None and (not isinstance(self.micro_batch_size, int) or self.micro_batch_size < 1):
+            raise ValueError(f"GTPOConfig.micro_batch_size must be None or an integer >= 1, got {self.micro_batch_size!r}")
+        at_least("temperature", 0.0, strict=True)
+        at_least("learning_rate", 0.0)
+        at_least("epsilon", 0.0)
+        at_least("epsilon_high", 0.0, allow_none=True)
+        at_least("beta", 0.0)
+        at_least("gamma", 0.0)
+        at_least("entropy_threshold", 0.0)
+        at_least("max_grad_norm", 0.0)
+        at_least("weight_decay", 0.0)
+        at_least("warmup_ratio", 0.0)
+        at_least("max_consecutive_skips", 1)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"GTPOConfig.top_p must be in (0, 1], got {self.top_p!r}")
+        if self.warmup_ratio > 1.0:
+            raise ValueError(f"GTPOConfig.warmup_ratio must be in [0, 1], got {self.warmup_ratio!r}")
+        if self.loss_type == "gtpo" and self.beta > 0:
+            raise ValueError(
+                "GTPOConfig.beta must be 0 for loss_type='gtpo': GTPO drops the KL term and loads no "
+                f"reference model (arXiv 2508.03772), got beta={self.beta!r}"
+            )
+        if self.loss_type == "gtpo" and self.loss_aggregation is not None:
+            raise ValueError(
+                "GTPOConfig.loss_aggregation applies to grpo/dr_grpo/dapo; GTPO uses completion_reduction "
+                f"and divide_by_conflict_count instead, got loss_aggregation={self.loss_aggregation!r}"
+            )
+        bad = [t for t in self.report_to if t not in REPORT_TARGETS]
+        if bad:
+            raise ValueError(f"GTPOConfig.report_to entries must be in {list(REPORT_TARGETS)}, got {bad!r}")
+        if self.reward_weights is not None and not all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in self.reward_weights
+        ):
+            raise ValueError(f"GTPOConfig.reward_weights must be a list of finite numbers, got {self.reward_weights!r}")
+        if not self.eval_k or any((not isinstance(k, int)) or k < 1 for k in self.eval_k):
+            raise ValueError(f"GTPOConfig.eval_k must be a non-empty list of integers >= 1, got {self.eval_k!r}")
+
+    # presets ---------------------------------------------------------------------------
+    PRESETS = ("official", "paper", "grpo", "dr_grpo", "dapo")
+
+    @classmethod
+    def preset_values(cls, name: str) -> dict[str, Any]:
+        """Field values of a named preset (see the module docstring)."""
+        presets: dict[str, dict[str, Any]] = {
+            "official": dict(
+                loss_type="gtpo", scale_rewards="none", pos_weight=2.0, neg_weight=0.0,
+                conflict_combine="product", conflict_count="max_run", divide_by_conflict_count=True,
+                completion_reduction="sum", entropy_filter=True, entropy_threshold=0.7,
+                entropy_rule="fixed", entropy_filter_scope="all", gamma=0.1, beta=0.0, num_iterations=1,
+            ),
+            "paper": dict(
+                loss_type="gtpo", scale_rewards="none", pos_weight=2.0, neg_weight=0.0,
+                conflict_combine="product", conflict_count="max_run", divide_by_conflict_count=False,
+                completion_reduction="mean", entropy_filter=True, entropy_threshold=LN2,
+                entropy_rule="initial", entropy_filter_scope="all", gamma=0.1, beta=0.0, num_iterations=1,
+            ),
+            "grpo": dict(loss_type="grpo", scale_rewards="group", epsilon=0.2, epsilon_high=None, beta=0.0),
+            "dr_grpo": dict(loss_type="dr_grpo", scale_rewards="none", epsilon=0.2, epsilon_high=None, beta=0.0),
+            "dapo": dict(
+                loss_type="dapo", scale_rewards="group", epsilon=0.2, epsilon_high=0.28, beta=0.0,
+                dynamic_sampling=True, mask_truncated_completions=True,
+            ),
+        }
+        if name not in presets:
+            raise ValueError(f"unknown preset {name!r}; known presets: {list(presets)}")
+        return dict(presets[name])
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "GTPOConfig":
+        """A config from a preset, with keyword overrides: ``GTPOConfig.from_preset("paper", group_size=12)``."""
+        values = cls.preset_values(name)
+        values.update(overrides)
+        return cls.from_dict(values)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], *, source: str = "GTPOConfig") -> "GTPOConfig":
+        """Build from a dict, rejecting unknown keys with the closest valid name suggested."""
+        known = cls.field_names()
+        for key in values:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"{source}: unknown config field {key!r}{hint}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> "GTPOConfig":
+        return dataclasses.replace(self, **changes)
+
+    # the keyword arguments the maths functions take ------------------------------------
+    def loss_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`gtpo.losses.policy_loss` that come from this config."""
+        kw: dict[str, Any] = dict(
+            beta=self.beta,
+            eps_low=self.epsilon,
+            eps_high=self.resolved_epsilon_high,
+            max_completion_length=self.max_completion_length,
+        )
+        if self.loss_type == "gtpo":
+            kw.update(
+                entropy_threshold=self.entropy_threshold if self.entropy_filter else None,
+                gamma=self.gamma,
+                filter_scope=self.entropy_filter_scope,
+                divide_by_conflict_count=self.divide_by_conflict_count,
+                completion_reduction=self.completion_reduction,
+                group_size=self.group_size,
+            )
+        else:
+            kw["aggregation"] = self.loss_aggregation
+        return kw
+
+    def conflict_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`gtpo.conflict.conflict_weights`."""
+        return dict(
+            pos_weight=self.pos_weight,
+            neg_weight=self.neg_weight,
+            combine=self.conflict_combine,
+            count=self.conflict_count,
+        )
