@@ -1,0 +1,462 @@
+"""``gtpo`` command line: ``train``, ``sft``, ``eval``, ``report``.
+
+``gtpo train [CONFIG.yaml] [--field value ...]`` maps a YAML file plus command-line overrides onto
+a run: ``model``, ``dataset``, ``eval_dataset``, ``reward_funcs``, ``peft``, ``sft_warmup`` and
+every :class:`gtpo.GTPOConfig` field at the top level. ``--field value`` overrides any of them;
+nested keys use dotted names (``--peft.r 16``, ``--dataset.size 500``). Values are read as YAML
+(``true``, ``1e-3``, ``[1, 8]``). With no arguments it runs the embedded default
+(``gtpo/configs/default.yaml``): SmolLM2-135M-Instruct with LoRA on an offline arithmetic task.
+Works unchanged under ``accelerate launch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import difflib
+import json
+import logging
+import os
+import sys
+from importlib import resources
+from typing import Any
+
+from .config import GTPOConfig
+
+logger = logging.getLogger("gtpo")
+
+RUN_KEYS: dict[str, str] = {
+    "model": "Hub id, local directory, .gguf file, or 'smollm2-135m-instruct' (the offline SmolLM2 GGUF).",
+    "dataset": "Training data: a task name (gsm8k, math, a reasoning-gym task, ...) or a local file, or a mapping "
+    "{name, split, size, seed, template, system_prompt, columns, path, kwargs}.",
+    "eval_dataset": "Held-out data in the same form; used for eval_steps and the before/after accuracy.",
+    "reward_funcs": "List of reward functions: built-in names (paper, paper_normalized, correctness, format, "
+    "format_soft, reasoning_gym, last_number_correctness) or package.module:function or path/file.py:function.",
+    "eval_reward": "Scorer of the before/after accuracy (a reward spec as above; 1.0 = correct). Default: correctness.",
+    "eval_before_after": "Measure greedy accuracy on eval_dataset before and after training and print both.",
+    "peft": "LoRA settings {r, lora_alpha, lora_dropout, target_modules} (peft.LoraConfig), or null for full fine-tuning.",
+    "sft_warmup": "Optional supervised format warm-up before RL: {max_steps, learning_rate, batch_size, size}, or null.",
+    "probes": "Texts whose token probabilities are tracked every step: {name: [prefix, target]}.",
+    "resume_from_checkpoint": "true (newest complete checkpoint in output_dir) or a checkpoint path.",
+    "log_level": "Logging level (info, warning, ...).",
+}
+RUN_DEFAULTS: dict[str, Any] = {
+    "model": None,
+    "dataset": None,
+    "eval_dataset": None,
+    "reward_funcs": ["correctness"],
+    "eval_reward": "correctness",
+    "eval_before_after": False,
+    "peft": None,
+    "sft_warmup": None,
+    "probes": None,
+    "resume_from_checkpoint": None,
+    "log_level": "info",
+}
+DATASET_KEYS = ("name", "split", "size", "seed", "template", "system_prompt", "columns", "path", "kwargs")
+PEFT_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora")
+SFT_KEYS = ("max_steps", "learning_rate", "batch_size", "size", "max_length")
+
+
+class ConfigError(ValueError):
+    """A problem with the run configuration, reported without a traceback."""
+
+
+# ----------------------------------------------------------------------------- YAML + overrides
+def default_config_text() -> str:
+    return resources.files("gtpo").joinpath("configs/default.yaml").read_text()
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    import yaml
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} does not exist")
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else path
+        raise ConfigError(f"YAML syntax error in {where}: {getattr(err, 'problem', err)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value read as YAML, with numbers like ``1e-3`` read as floats."""
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value.lower() for c in ".e") else int(value)
+        except ValueError:
+            return value
+    return value
+
+
+def parse_overrides(tokens: list[str]) -> dict[str, Any]:
+    """``['--a', '1', '--b.c=x', '--flag']`` -> ``{'a': 1, 'b.c': 'x', 'flag': True}``."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if not tok.startswith("--") or len(tok) < 3:
+            raise ConfigError(f"unexpected argument {tok!r}: overrides look like --field value")
+        key = tok[2:]
+        if "=" in key:
+            key, raw = key.split("=", 1)
+            i += 1
+        elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            raw = tokens[i + 1]
+            i += 2
+        else:
+            raw = "true"
+            i += 1
+        out[key.replace("-", "_") if "." not in key else key] = parse_value(raw)
+    return out
+
+
+def _suggest(key: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(key, options, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def apply_overrides(spec: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    spec = copy.deepcopy(spec)
+    for dotted, value in overrides.items():
+        parts = dotted.split(".")
+        target = spec
+        for part in parts[:-1]:
+            current = target.get(part)
+            if current is None:
+                current = {}
+            elif isinstance(current, str) and part in ("dataset", "eval_dataset"):
+                current = {"name": current}
+            elif not isinstance(current, dict):
+                raise ConfigError(f"--{dotted}: {part!r} is {current!r}, not a mapping")
+            target[part] = current
+            target = current
+        target[parts[-1]] = value
+    return spec
+
+
+def split_spec(spec: dict[str, Any], *, source: str) -> tuple[dict[str, Any], GTPOConfig]:
+    """Separate run keys from config fields; validate both; returns ``(run, config)``."""
+    fields = GTPOConfig.field_names()
+    run = dict(RUN_DEFAULTS)
+    cfg_values = {}
+    for key, value in spec.items():
+        if key in RUN_KEYS:
+            run[key] = value
+        elif key in fields:
+            cfg_values[key] = value
+        else:
+            raise ConfigError(f"{source}: unknown config field {key!r}{_suggest(key, fields + list(RUN_KEYS))}")
+    types = {f.name: f.type for f in dataclasses.fields(GTPOConfig)}
+    for key, value in list(cfg_values.items()):
+        cfg_values[key] = _coerce(key, value, types[key], source)
+    try:
+        config = GTPOConfig.from_dict(cfg_values, source=source)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{source}: {err}") from None
+    for name, allowed in (("dataset", DATASET_KEYS), ("eval_dataset", DATASET_KEYS), ("peft", PEFT_KEYS),
+                          ("sft_warmup", SFT_KEYS)):
+        value = run.get(name)
+        if isinstance(value, dict):
+            for key in value:
+                if key not in allowed:
+                    raise ConfigError(f"{source}: unknown key '{name}.{key}'{_suggest(key, list(allowed))}")
+    if isinstance(run["reward_funcs"], str):
+        run["reward_funcs"] = [s.strip() for s in run["reward_funcs"].split(",") if s.strip()]
+    return run, config
+
+
+def _coerce(key: str, value: Any, type_text: Any, source: str) -> Any:
+    """Light type checking of config values read from YAML / the command line."""
+    t = str(type_text)
+    if value is None:
+        if "None" in t:
+            return None
+        raise ConfigError(f"{source}: {key} cannot be null (expected {t})")
+    if t.startswith("bool"):
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
+    if t.startswith("int"):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
+    if t.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{source}: {key} must be a number, got {value!r}")
+        return float(value)
+    if t.startswith("str") and not isinstance(value, str):
+        raise ConfigError(f"{source}: {key} must be a string, got {value!r}")
+    if t.startswith("list[int]") and isinstance(value, int):
+        return [value]
+    return value
+
+
+# ----------------------------------------------------------------------------- building a run
+def _dataset_spec(value: Any, *, default_split: str) -> dict[str, Any]:
+    if value is None:
+        raise ConfigError("no dataset given: set `dataset:` in the config or pass --dataset NAME|FILE")
+    spec = {"name": value} if isinstance(value, str) else dict(value)
+    if "name" not in spec and "path" not in spec:
+        raise ConfigError(f"dataset spec {value!r} needs a 'name' (task name or file path)")
+    spec.setdefault("split", default_split)
+    return spec
+
+
+def load_dataset_spec(value: Any, *, default_split: str):
+    from .data import load_task
+
+    spec = _dataset_spec(value, default_split=default_split)
+    kwargs = dict(spec.pop("kwargs", None) or {})
+    name = spec.pop("name", None) or spec.get("path")
+    return load_task(name, **spec, **kwargs)
+
+
+def build_peft_config(value: Any):
+    if value in (None, False, "none"):
+        return None
+    from peft import LoraConfig
+
+    opts = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"}
+    opts.update(value if isinstance(value, dict) else {})
+    return LoraConfig(task_type="CAUSAL_LM", **opts)
+
+
+def _greedy_accuracy(model, tokenizer, dataset, reward, config: GTPOConfig) -> float:
+    from .evaluate import evaluate_during_training
+
+    out = evaluate_during_training(
+        model, tokenizer, dataset, n=1, k_list=[1], max_new_tokens=config.eval_max_new_tokens or config.max_completion_length,
+        temperature=0.0, batch_size=64, reward_fn=reward,
+    )
+    return float(out["eval/accuracy_greedy"])
+
+
+def run_train(spec: dict[str, Any], *, source: str) -> int:
+    """Run ``gtpo train`` from a merged spec (YAML + overrides)."""
+    from .models import load_model_and_tokenizer
+    from .rewards import resolve_reward
+    from .trainer import GTPOTrainer
+
+    run, config = split_spec(spec, source=source)
+    logging.basicConfig(level=getattr(logging, str(run["log_level"]).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not run["model"]:
+        raise ConfigError(f"{source}: no model given: set `model:` or pass --model PATH|HUB_ID")
+    train_ds = load_dataset_spec(run["dataset"], default_split="train")
+    eval_ds = None if run["eval_dataset"] is None else load_dataset_spec(run["eval_dataset"], default_split="test")
+    rewards = [resolve_reward(r) for r in run["reward_funcs"]]
+    eval_reward = resolve_reward(run["eval_reward"]) if run["eval_reward"] else None
+
+    model_spec = str(run["model"])
+    if run["sft_warmup"]:
+        model_spec = _sft_warmup(model_spec, train_ds, run, config)
+    model, tokenizer = load_model_and_tokenizer(model_spec)
+    peft_config = build_peft_config(run["peft"])
+    probes = {k: tuple(v) for k, v in (run["probes"] or {}).items()}
+
+    resume = run["resume_from_checkpoint"]
+    before = None
+    from accelerate import PartialState
+
+    state = PartialState()
+    if run["eval_before_after"] and eval_ds is not None and not resume and state.is_main_process:
+        before = _greedy_accuracy(model, tokenizer, eval_ds, eval_reward, config)
+        print(f"greedy accuracy before training: {before:.1%} on {len(eval_ds)} held-out problems", flush=True)
+    trainer = GTPOTrainer(model, rewards, train_ds, args=config, processing_class=tokenizer,
+                          peft_config=peft_config, eval_dataset=eval_ds, eval_reward_func=eval_reward,
+                          probe_texts=probes)
+    trainer.train(resume_from_checkpoint=resume)
+    if getattr(trainer, "stopped_early", None):
+        print(f"stopped early; checkpoint: {trainer.stopped_early}\nresume with: gtpo train {source if source.endswith('.yaml') else ''} "
+              f"--output_dir {config.output_dir} --resume_from_checkpoint true", flush=True)
+        return 0
+    summary: dict[str, Any] = {}
+    if state.is_main_process:
+        if run["eval_before_after"] and eval_ds is not None:
+            after = _greedy_accuracy(trainer.unwrapped_model, tokenizer, eval_ds, eval_reward, config)
+            summary = {"accuracy_after": after, "eval_size": len(eval_ds)}
+            if before is not None:
+                summary["accuracy_before"] = before
+            print(f"greedy accuracy after training:  {after:.1%} on {len(eval_ds)} held-out problems", flush=True)
+        _write_summary_and_report(config.output_dir, summary)
+    return 0
+
+
+def _sft_warmup(model_spec: str, train_ds, run: dict[str, Any], config: GTPOConfig) -> str:
+    from .models import load_model_and_tokenizer
+    from .sft import run_sft
+
+    opts = dict(run["sft_warmup"]) if isinstance(run["sft_warmup"], dict) else {}
+    out = os.path.join(config.output_dir, "sft-warmup")
+    if os.path.isfile(os.path.join(out, "config.json")):
+        logger.info("reusing the SFT warm-up model in %s", out)
+        return out
+    size = opts.pop("size", None)
+    data = train_ds.select(range(min(size, len(train_ds)))) if size else train_ds
+    model, tokenizer = load_model_and_tokenizer(model_spec)
+    run_sft(model, tokenizer, data, output_dir=out, peft_config=build_peft_config(run["peft"]), seed=config.seed, **opts)
+    return out
+
+
+def _write_summary_and_report(output_dir: str, summary: dict[str, Any]) -> None:
+    from .checkpoint import write_json_atomic
+    from .report import load_metrics, write_report
+
+    metrics = load_metrics(output_dir)
+    steps = [m for m in metrics if "reward/mean" in m]
+    if steps:
+        summary.update({"steps": len(steps), "reward_first": steps[0]["reward/mean"], "reward_last": steps[-1]["reward/mean"],
+                        "mean_step_time_s": sum(m.get("step_time_s", 0.0) for m in steps) / len(steps)})
+    write_json_atomic(os.path.join(output_dir, "summary.json"), summary)
+    path = write_report([output_dir])
+    print(f"report: {path}", flush=True)
+
+
+# ----------------------------------------------------------------------------- argparse
+def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", help="YAML config file (default: the embedded offline default run)")
+    run = parser.add_argument_group("run (YAML top-level keys)")
+    for key, doc in RUN_KEYS.items():
+        run.add_argument(f"--{key}", metavar="VALUE", help=doc, default=argparse.SUPPRESS)
+    cfg = parser.add_argument_group("trainer config (GTPOConfig fields)")
+    for f in dataclasses.fields(GTPOConfig):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        cfg.add_argument(f"--{f.name}", metavar="VALUE", default=argparse.SUPPRESS,
+                         help=f"{f.metadata.get('help', '')} (default: {default!r})".replace("%", "%%"))
+    parser.add_argument("--print_config", action="store_true", help="Print the merged config as YAML and exit.")
+    parser.epilog = ("Nested keys use dotted names: --dataset.size 500, --peft.r 16, --dataset.kwargs.max_digits 3. "
+                     "Presets: --preset official|paper|grpo|dr_grpo|dapo sets the algorithm fields first.")
+    parser.add_argument("--preset", choices=GTPOConfig.PRESETS, default=None, help="Apply a preset before the config file's fields.")
+
+
+def train_main(argv: list[str]) -> int:
+    import yaml
+
+    parser = argparse.ArgumentParser(prog="gtpo train", description="Train a causal LM with GTPO (or GRPO / Dr.GRPO / DAPO).",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_train_arguments(parser)
+    if any(a in ("-h", "--help") for a in argv):
+        parser.print_help()
+        return 0
+    config_path = None
+    rest = list(argv)
+    if rest and not rest[0].startswith("--"):
+        config_path = rest.pop(0)
+    print_config = "--print_config" in rest
+    rest = [a for a in rest if a != "--print_config"]
+    overrides = parse_overrides(rest)
+    preset = overrides.pop("preset", None)
+    if config_path is None:
+        spec = yaml.safe_load(default_config_text())
+        source = "the default config (gtpo/configs/default.yaml)"
+    else:
+        spec = load_yaml(config_path)
+        source = config_path
+    if preset:
+        spec = {**GTPOConfig.preset_values(preset), **spec}
+    allowed = set(GTPOConfig.field_names()) | set(RUN_KEYS)
+    for key in overrides:
+        top = key.split(".")[0]
+        if top not in allowed:
+            raise ConfigError(f"unknown option --{key}{_suggest(top, sorted(allowed))}")
+    spec = apply_overrides(spec, overrides)
+    if print_config:
+        split_spec(spec, source=source)
+        print(yaml.safe_dump(spec, sort_keys=False))
+        return 0
+    return run_train(spec, source=source)
+
+
+def sft_main(argv: list[str]) -> int:
+    """``gtpo sft [CONFIG.yaml] [--field value]``: supervised fine-tuning on the task's answers."""
+    import yaml
+
+    parser = argparse.ArgumentParser(prog="gtpo sft", description=sft_main.__doc__)
+    parser.add_argument("config", nargs="?", help="YAML with model, dataset, peft, output_dir, max_steps, learning_rate, ...")
+    if any(a in ("-h", "--help") for a in argv):
+        parser.print_help()
+        print("\nKeys: model, dataset, peft, output_dir, max_steps, learning_rate, batch_size, max_length, seed, "
+              "gradient_accumulation_steps, lr_scheduler_type, warmup_ratio, report_to")
+        return 0
+    rest = list(argv)
+    spec = yaml.safe_load(default_config_text())
+    spec = {k: spec[k] for k in ("model", "dataset", "peft") if k in spec}
+    spec.update({"output_dir": "runs/sft", "max_steps": 100, "learning_rate": 2e-4})
+    source = "the default config"
+    if rest and not rest[0].startswith("--"):
+        source = rest.pop(0)
+        spec.update(load_yaml(source))
+    spec = apply_overrides(spec, parse_overrides(rest))
+    from .models import load_model_and_tokenizer
+    from .sft import run_sft
+
+    allowed = {"model", "dataset", "peft", "output_dir", "max_steps", "learning_rate", "batch_size", "max_length",
+               "seed", "gradient_accumulation_steps", "lr_scheduler_type", "warmup_ratio", "report_to", "logging_steps",
+               "save_steps", "bf16"}
+    for key in spec:
+        if key not in allowed:
+            raise ConfigError(f"{source}: unknown sft key {key!r}{_suggest(key, sorted(allowed))}")
+    logging.basicConfig(level=logging.INFO)
+    train_ds = load_dataset_spec(spec.pop("dataset", None), default_split="train")
+    model, tokenizer = load_model_and_tokenizer(str(spec.pop("model")))
+    peft_config = build_peft_config(spec.pop("peft", None))
+    out = run_sft(model, tokenizer, train_ds, peft_config=peft_config, **spec)
+    print(f"SFT model saved in {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="gtpo",
+        description="GTPO (arXiv 2508.03772) RL fine-tuning of language models, with GRPO / Dr.GRPO / DAPO baselines.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{train,sft,eval,report}")
+    sub.add_parser("train", help="RL training (YAML config + --field overrides; no arguments: the offline default run)", add_help=False)
+    sub.add_parser("sft", help="supervised fine-tuning (SFT baseline / format warm-up)", add_help=False)
+    from .evaluate import add_eval_arguments, eval_main
+    from .report import add_report_arguments, report_main
+
+    add_eval_arguments(sub.add_parser("eval", help="pass@k / maj@k / format rate of a model on a dataset"))
+    add_report_arguments(sub.add_parser("report", help="plots and a markdown summary of run directories"))
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    try:
+        if command == "train":
+            return train_main(rest)
+        if command == "sft":
+            return sft_main(rest)
+        if command in ("eval", "report"):
+            args = parser.parse_args(argv)
+            return eval_main(args) if command == "eval" else report_main(args)
+        parser.print_help()
+        print(f"\ngtpo: error: unknown command {command!r}", file=sys.stderr)
+        return 2
+    except ConfigError as err:
+        print(f"gtpo {command}: error: {err}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as err:
+        print(f"gtpo {command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
