@@ -201,8 +201,11 @@ class GTPOTrainer:
             raise ValueError(f"args must be a GTPOConfig, got {type(args).__name__}")
         args.validate()
         mixed = "bf16" if args.bf16 else "no"
+        # no accelerator device: run on CPU, and with several processes (accelerate launch /
+        # torchrun) as multi-CPU DDP over gloo
+        no_device = not (torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()))
         self.accelerator = Accelerator(
-            mixed_precision=mixed, log_with=list(args.report_to) or None, project_dir=args.output_dir
+            mixed_precision=mixed, log_with=list(args.report_to) or None, project_dir=args.output_dir, cpu=no_device
         )
         acc = self.accelerator
         if args.prompts_per_step % acc.num_processes:
@@ -696,22 +699,24 @@ class GTPOTrainer:
 
     # ------------------------------------------------------------------ the loop
     def _check_output_dir(self, resuming: bool) -> None:
-        a = self.args
-        if resuming or not os.path.isdir(a.output_dir):
-            return
-        existing = [n for n in os.listdir(a.output_dir) if n in ("metrics.jsonl", "run_config.json") or n.startswith("checkpoint-")]
-        if not existing:
-            return
-        if not a.overwrite_output_dir:
+        """Refuse an output_dir holding another run, unless resuming or overwriting (all processes)."""
+        a, acc = self.args, self.accelerator
+        existing = []
+        if not resuming and os.path.isdir(a.output_dir):
+            existing = [n for n in os.listdir(a.output_dir)
+                        if n in ("metrics.jsonl", "run_config.json") or n.startswith("checkpoint-")]
+        if existing and not a.overwrite_output_dir:
             raise ValueError(
                 f"output_dir {a.output_dir!r} already holds a run ({', '.join(sorted(existing)[:3])}); "
                 "resume it (resume_from_checkpoint=True / --resume_from_checkpoint true), choose another "
                 "output_dir, or set overwrite_output_dir=True (--overwrite_output_dir true) to replace it"
             )
-        if self.accelerator.is_main_process:
+        acc.wait_for_everyone()
+        if existing and acc.is_main_process:
             for name in existing:
                 path = os.path.join(a.output_dir, name)
                 shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        acc.wait_for_everyone()
 
     def _resolve_resume(self, resume_from_checkpoint) -> str | None:
         if resume_from_checkpoint in (None, False):
