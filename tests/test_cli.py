@@ -132,3 +132,12 @@ def test_train_end_to_end_from_yaml_then_report(tiny_model_path, tmp_path, capsy
     assert main(["train", str(cfg), "--resume_from_checkpoint", "true", "--max_steps", "3", "--peft.r", "4"]) == 0
     lines = [json.loads(l) for l in open(out_dir / "metrics.jsonl") if "reward/mean" in l]
     assert [l["step"] for l in lines] == [1, 2, 3]
+
+
+def test_config_reference_is_up_to_date():
+    import subprocess
+    import sys
+
+    script = os.path.join(ROOT, "scripts", "gen_config_docs.py")
+    result = subprocess.run([sys.executable, script, "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, "docs/config.md is stale: run python scripts/gen_config_docs.py"
