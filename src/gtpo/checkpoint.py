@@ -6,11 +6,14 @@ Layout of ``output_dir``::
         model files             save_pretrained of the model (or the peft adapter) + tokenizer
         optimizer.pt scheduler.pt rng_state_<rank>.pth
         trainer_state.json      written last inside the temporary directory
-    .tmp-checkpoint-<step>/     a checkpoint being written; never loaded, removed on the next save
+    .tmp-checkpoint-<step>/     a checkpoint being written; never loaded, removed on the next start
+    .tmp-checkpoint-removing-*  a checkpoint being deleted (rotation, overwrite); removed likewise
 
 A checkpoint counts as complete only when its directory has the final name *and* holds
 ``trainer_state.json``; a kill at any moment leaves either the previous complete checkpoints
-untouched or a temporary directory that resume ignores.
+untouched or a temporary directory that resume ignores. Deleting goes the other way: a
+checkpoint is first renamed out of the ``checkpoint-<step>`` namespace, then removed, so a kill
+in the middle of a deletion never leaves a half-deleted directory that looks complete.
 """
 
 from __future__ import annotations
@@ -24,6 +27,33 @@ from typing import Any
 STATE_FILE = "trainer_state.json"
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 TMP_PREFIX = ".tmp-checkpoint-"
+REMOVING_PREFIX = TMP_PREFIX + "removing-"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint (or the final model, or a log file) could not be written.
+
+    The message names what was being written, where, and the newest checkpoint that is intact;
+    the original exception (e.g. ``OSError(ENOSPC)``) is chained as ``__cause__``.
+    """
+
+
+def describe_write_error(err: BaseException) -> str:
+    """A short description of a write failure: ``'no space left on device'``, ``'file too large'``...
+
+    Writers report the OS error differently: ``OSError.errno``, or a text such as safetensors'
+    ``"... (os error 28)"``; anything else is described by its type and first line.
+    """
+    errno_ = getattr(err, "errno", None)
+    if not errno_:
+        found = re.search(r"os error (\d+)", str(err))
+        errno_ = int(found.group(1)) if found else None
+    if not errno_ and ("No space left" in str(err) or "StorageFull" in str(err)):
+        errno_ = 28  # ENOSPC
+    if errno_:
+        return os.strerror(errno_).lower()
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def fsync_dir(path: str) -> None:
@@ -84,7 +114,7 @@ def temp_dir_for(output_dir: str, step: int) -> str:
 
 
 def remove_stale_temps(output_dir: str) -> None:
-    """Remove temporary checkpoint directories left by a killed run."""
+    """Remove temporary checkpoint directories left by a killed run (being written or deleted)."""
     if not os.path.isdir(output_dir):
         return
     for name in os.listdir(output_dir):
@@ -92,31 +122,70 @@ def remove_stale_temps(output_dir: str) -> None:
             shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
 
 
+def remove_checkpoint(path: str) -> None:
+    """Delete a checkpoint directory: rename it out of the ``checkpoint-*`` namespace, then remove it.
+
+    A kill during the removal leaves a ``.tmp-checkpoint-removing-*`` directory (ignored by
+    resume, removed by :func:`remove_stale_temps`), never a half-deleted ``checkpoint-<step>``.
+    """
+    if not os.path.exists(path):
+        return
+    parent, name = os.path.split(os.path.abspath(path))
+    aside = os.path.join(parent, f"{REMOVING_PREFIX}{name}")
+    if os.path.exists(aside):
+        shutil.rmtree(aside, ignore_errors=True)
+    os.replace(path, aside)
+    fsync_dir(parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def commit(tmp_dir: str, final_dir: str, state: dict[str, Any]) -> None:
-    """Finish a checkpoint: write the state file last, fsync everything, rename into place."""
+    """Finish a checkpoint: write the state file last, fsync everything, rename into place.
+
+    An existing ``final_dir`` (a checkpoint of the same step from an earlier attempt) is moved
+    aside first and deleted after the rename.
+    """
     write_json_atomic(os.path.join(tmp_dir, STATE_FILE), state)
     fsync_tree(tmp_dir)
+    parent, name = os.path.split(os.path.abspath(final_dir))
+    aside = None
     if os.path.exists(final_dir):
-        shutil.rmtree(final_dir)
+        aside = os.path.join(parent, f"{REMOVING_PREFIX}{name}")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final_dir, aside)
     os.replace(tmp_dir, final_dir)
-    fsync_dir(os.path.dirname(os.path.abspath(final_dir)))
+    fsync_dir(parent)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def rotate(output_dir: str, keep: int | None) -> None:
-    """Delete the oldest complete checkpoints beyond ``keep``."""
+    """Delete the oldest complete checkpoints beyond ``keep`` (None or 0 keeps all)."""
     if keep is None or keep <= 0:
         return
     found = list_checkpoints(output_dir)
     for _step, path in found[: max(0, len(found) - keep)]:
-        shutil.rmtree(path, ignore_errors=True)
+        remove_checkpoint(path)
 
 
 def read_state(checkpoint_dir: str) -> dict[str, Any]:
+    """The ``trainer_state.json`` of a checkpoint; ValueError naming the path if absent or unreadable."""
     path = os.path.join(checkpoint_dir, STATE_FILE)
     if not os.path.isfile(path):
+        hint = ""
+        newest = latest_checkpoint(checkpoint_dir)
+        if newest is not None:  # an output_dir was given instead of one of its checkpoints
+            hint = f" It holds checkpoints; the newest complete one is {newest}."
         raise ValueError(
-            f"{checkpoint_dir} is not a complete checkpoint (no {STATE_FILE}); "
-            "pass a checkpoint-<step> directory written by gtpo, or resume_from_checkpoint=True for the newest"
+            f"{checkpoint_dir} is not a complete checkpoint (no {STATE_FILE}).{hint} "
+            "Pass a checkpoint-<step> directory written by gtpo, or resume_from_checkpoint=True "
+            "(--resume_from_checkpoint true) for the newest complete checkpoint of output_dir"
         )
-    with open(path) as fh:
-        return json.load(fh)
+    try:
+        with open(path) as fh:
+            state = json.load(fh)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot read {path}: {type(err).__name__}: {err}") from err
+    if not isinstance(state, dict) or "global_step" not in state:
+        raise ValueError(f"{path} is not a gtpo trainer state (no 'global_step')")
+    return state

@@ -18,6 +18,7 @@ import difflib
 import json
 import logging
 import os
+import shlex
 import sys
 from importlib import resources
 from typing import Any
@@ -177,7 +178,42 @@ def split_spec(spec: dict[str, Any], *, source: str) -> tuple[dict[str, Any], GT
                     raise ConfigError(f"{source}: unknown key '{name}.{key}'{_suggest(key, list(allowed))}")
     if isinstance(run["reward_funcs"], str):
         run["reward_funcs"] = [s.strip() for s in run["reward_funcs"].split(",") if s.strip()]
+    _check_run_keys(run, source)
     return run, config
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _check_run_keys(run: dict[str, Any], source: str) -> None:
+    """Types of the run keys (``model``, ``dataset``, ...), each error naming the key."""
+
+    def bad(key: str, expected: str) -> ConfigError:
+        return ConfigError(f"{source}: {key} must be {expected}, got {run[key]!r}")
+
+    if run["model"] is not None and not isinstance(run["model"], str):
+        raise bad("model", "a hub id, a local path or a .gguf file (a string)")
+    for key in ("dataset", "eval_dataset"):
+        if run[key] is not None and not isinstance(run[key], (str, dict)):
+            raise bad(key, "a task name, a file path, or a mapping {name, split, size, ...}")
+    funcs = run["reward_funcs"]
+    if not isinstance(funcs, list) or not funcs or not all(isinstance(f, str) and f.strip() for f in funcs):
+        raise bad("reward_funcs", "a non-empty list of reward names (e.g. [correctness, format])")
+    if run["eval_reward"] is not None and not isinstance(run["eval_reward"], str):
+        raise bad("eval_reward", "a reward name or null")
+    if not isinstance(run["eval_before_after"], bool):
+        raise bad("eval_before_after", "true or false")
+    for key in ("peft", "sft_warmup"):
+        if run[key] is not None and not isinstance(run[key], (bool, dict)) and run[key] != "none":
+            raise bad(key, "a mapping of settings, true (defaults) or null")
+    probes = run["probes"]
+    if probes is not None and not (isinstance(probes, dict) and all(
+            isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(t, str) for t in v) for v in probes.values())):
+        raise bad("probes", "a mapping {name: [prefix, target]} of strings")
+    if run["resume_from_checkpoint"] is not None and not isinstance(run["resume_from_checkpoint"], (bool, str)):
+        raise bad("resume_from_checkpoint", "true, false or a checkpoint path")
+    if not isinstance(run["log_level"], str) or run["log_level"].lower() not in _LOG_LEVELS:
+        raise bad("log_level", f"one of {list(_LOG_LEVELS)}")
 
 
 def _coerce(key: str, value: Any, type_text: Any, source: str) -> Any:
@@ -247,11 +283,33 @@ def _greedy_accuracy(model, tokenizer, dataset, reward, config: GTPOConfig) -> f
     return float(out["eval/accuracy_greedy"])
 
 
-def run_train(spec: dict[str, Any], *, source: str) -> int:
-    """Run ``gtpo train`` from a merged spec (YAML + overrides)."""
+def resume_command(argv: list[str] | None, *, source: str, output_dir: str) -> str:
+    """The ``gtpo train`` command that resumes this run: the same arguments (without overwriting
+    or an earlier resume option) plus ``--resume_from_checkpoint true``."""
+    if argv is None:
+        args = ([source] if os.path.isfile(source) else []) + ["--output_dir", output_dir]
+    else:
+        args, i = [], 0
+        drop = ("--resume_from_checkpoint", "--overwrite", "--overwrite_output_dir", "--print_config")
+        while i < len(argv):
+            tok = argv[i]
+            key = "--" + tok[2:].split("=", 1)[0].replace("-", "_") if tok.startswith("--") else None
+            takes_value = key is not None and "=" not in tok and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            if key in drop:
+                i += 2 if takes_value else 1
+                continue
+            args.append(tok)
+            i += 1
+    return "gtpo train " + shlex.join(args + ["--resume_from_checkpoint", "true"])
+
+
+def run_train(spec: dict[str, Any], *, source: str, argv: list[str] | None = None) -> int:
+    """Run ``gtpo train`` from a merged spec (YAML + overrides); ``argv`` (the command line after
+    ``train``) is used to print the exact command that resumes the run."""
+    from .checkpoint import CheckpointError
     from .models import load_model_and_tokenizer
     from .rewards import resolve_reward
-    from .trainer import GTPOTrainer
+    from .trainer import GTPOTrainer, TrainingStopped
 
     run, config = split_spec(spec, source=source)
     logging.basicConfig(level=getattr(logging, str(run["log_level"]).upper(), logging.INFO),
@@ -281,10 +339,23 @@ def run_train(spec: dict[str, Any], *, source: str) -> int:
     trainer = GTPOTrainer(model, rewards, train_ds, args=config, processing_class=tokenizer,
                           peft_config=peft_config, eval_dataset=eval_ds, eval_reward_func=eval_reward,
                           probe_texts=probes)
-    trainer.train(resume_from_checkpoint=resume)
+    again = resume_command(argv, source=source, output_dir=config.output_dir)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except KeyboardInterrupt:  # a second Ctrl-C: stopped at once; checkpoints are atomic
+        from .checkpoint import latest_checkpoint
+
+        newest = latest_checkpoint(config.output_dir)
+        print(f"gtpo train: interrupted; {config.output_dir} is resumable from "
+              f"{newest or 'step 0 (no checkpoint yet)'}\nresume with: {again}", file=sys.stderr, flush=True)
+        return 130
+    except (TrainingStopped, CheckpointError) as err:  # main() prints the message and this note, exits 1
+        err.add_note(f"resume with: {again}")
+        raise
     if getattr(trainer, "stopped_early", None):
-        print(f"stopped early; checkpoint: {trainer.stopped_early}\nresume with: gtpo train {source if source.endswith('.yaml') else ''} "
-              f"--output_dir {config.output_dir} --resume_from_checkpoint true", flush=True)
+        if state.is_main_process:
+            print(f"training stopped by {trainer.stopped_by} after step {trainer.global_step} of {config.max_steps}; "
+                  f"checkpoint: {trainer.stopped_early}\nresume with: {again}", flush=True)
         return 0
     summary: dict[str, Any] = {}
     if state.is_main_process:
@@ -339,6 +410,8 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         cfg.add_argument(f"--{f.name}", metavar="VALUE", default=argparse.SUPPRESS,
                          help=f"{f.metadata.get('help', '')} (default: {default!r})".replace("%", "%%"))
+    parser.add_argument("--overwrite", action="store_true",
+                        help="Replace the run in output_dir (alias of --overwrite_output_dir true).")
     parser.add_argument("--print_config", action="store_true", help="Print the merged config as YAML and exit.")
     parser.epilog = ("Nested keys use dotted names: --dataset.size 500, --peft.r 16, --dataset.kwargs.max_digits 3. "
                      "Presets: --preset official|paper|grpo|dr_grpo|dapo sets the algorithm fields first.")
@@ -362,6 +435,11 @@ def train_main(argv: list[str]) -> int:
     rest = [a for a in rest if a != "--print_config"]
     overrides = parse_overrides(rest)
     preset = overrides.pop("preset", None)
+    if "overwrite" in overrides:  # --overwrite: alias of --overwrite_output_dir true
+        value = overrides.pop("overwrite")
+        if not isinstance(value, bool):
+            raise ConfigError(f"--overwrite takes no value (or true/false), got {value!r}")
+        overrides["overwrite_output_dir"] = value
     if config_path is None:
         spec = yaml.safe_load(default_config_text())
         source = "the default config (gtpo/configs/default.yaml)"
@@ -380,7 +458,7 @@ def train_main(argv: list[str]) -> int:
         split_spec(spec, source=source)
         print(yaml.safe_dump(spec, sort_keys=False))
         return 0
-    return run_train(spec, source=source)
+    return run_train(spec, source=source, argv=list(argv))
 
 
 def sft_main(argv: list[str]) -> int:
@@ -456,6 +534,20 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"gtpo {command}: error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:
+        # a run that stopped on purpose (non-finite steps) or could not write a checkpoint: the message
+        # says what, where and which checkpoint is intact; anything else is a bug and keeps its traceback
+        from .checkpoint import CheckpointError
+
+        trainer = sys.modules.get("gtpo.trainer")
+        if isinstance(err, CheckpointError) or (trainer is not None and isinstance(err, trainer.TrainingStopped)):
+            notes = "".join("\n" + n for n in getattr(err, "__notes__", []))
+            print(f"gtpo {command}: error: {err}{notes}", file=sys.stderr)
+            return 1
+        raise
+    except KeyboardInterrupt:
+        print(f"gtpo {command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

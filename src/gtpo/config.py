@@ -237,8 +237,17 @@ class GTPOConfig:
     # ------------------------------------------------------------------ helpers
     def __post_init__(self) -> None:
         if isinstance(self.report_to, str):
-            self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+            self.report_to = [self.report_to]
+        if isinstance(self.report_to, (list, tuple)):
+            self.report_to = [t for t in self.report_to if t not in ("none", "")]
+        for name in ("eval_k", "reward_weights"):  # tuples are accepted; stored as lists (JSON round trip)
+            if isinstance(getattr(self, name), tuple):
+                setattr(self, name, list(getattr(self, name)))
         self.validate()
+        for f in fields(self):  # an int given for a float field is stored as a float
+            value = getattr(self, f.name)
+            if _annotation(f) in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, f.name, float(value))
 
     # defaults that depend on the loss type ------------------------------------------------
     @property
@@ -256,7 +265,15 @@ class GTPOConfig:
         return self.loss_type == "dapo" if self.dynamic_sampling is None else self.dynamic_sampling
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the field, the expected values and the value got."""
+        """Raise ``ValueError`` naming the field, the expected values and the value got.
+
+        Every field's value is first checked against its annotation (so a wrong type never gets
+        as far as the trainer), then ranges and choices, then combinations of fields.
+        """
+        for f in fields(self):
+            problem = _type_problem(getattr(self, f.name), _annotation(f))
+            if problem:
+                raise ValueError(f"GTPOConfig.{f.name} must be {problem}, got {getattr(self, f.name)!r}")
 
         def choice(name: str, options: tuple, allow_none: bool = False) -> None:
             value = getattr(self, name)
@@ -265,12 +282,15 @@ class GTPOConfig:
             if value not in options:
                 raise ValueError(f"GTPOConfig.{name} must be one of {list(options)}, got {value!r}")
 
-        def at_least(name: str, low: float, *, allow_none: bool = False, strict: bool = False) -> None:
+        def at_least(name: str, low: float, *, allow_none: bool = False, strict: bool = False,
+                     allow_inf: bool = False) -> None:
             value = getattr(self, name)
             if value is None and allow_none:
                 return
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
                 raise ValueError(f"GTPOConfig.{name} must be a number, got {value!r}")
+            if math.isinf(value) and not allow_inf:
+                raise ValueError(f"GTPOConfig.{name} must be a finite number, got {value!r}")
             if value < low or (strict and value == low):
                 rel = ">" if strict else ">="
                 raise ValueError(f"GTPOConfig.{name} must be {rel} {low}, got {value!r}")
@@ -292,23 +312,46 @@ class GTPOConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"GTPOConfig.{name} must be an integer >= 1, got {value!r}")
-        for name in ("save_steps", "eval_steps", "log_completions_steps", "overlong_buffer_length", "max_resample_rounds"):
+        for name in ("logging_steps", "eval_num_samples", "max_consecutive_skips"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GTPOConfig.{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        for name in ("save_steps", "eval_steps", "log_completions_steps", "overlong_buffer_length", "max_resample_rounds",
+                     "num_completions_to_print", "top_k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"GTPOConfig.{name} must be an integer >= 0, got {value!r}")
-        if self.micro_batch_size is not None and (not isinstance(self.micro_batch_size, int) or self.micro_batch_size < 1):
-            raise ValueError(f"GTPOConfig.micro_batch_size must be None or an integer >= 1, got {self.micro_batch_size!r}")
+        for name in ("micro_batch_size", "generation_batch_size", "logprob_chunk_size", "eval_max_new_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"GTPOConfig.{name} must be None or an integer >= 1, got {value!r}")
+        if self.save_total_limit is not None and self.save_total_limit < 0:
+            raise ValueError(f"GTPOConfig.save_total_limit must be None or an integer >= 0, got {self.save_total_limit!r}")
+        if self.overlong_buffer_length > self.max_completion_length:
+            raise ValueError(
+                f"GTPOConfig.overlong_buffer_length ({self.overlong_buffer_length}) must be at most "
+                f"max_completion_length ({self.max_completion_length})"
+            )
+        for name in ("pos_weight", "neg_weight"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"GTPOConfig.{name} must be a finite number, got {getattr(self, name)!r}")
+        for name in ("adam_beta1", "adam_beta2"):
+            value = getattr(self, name)
+            if math.isnan(value) or not 0.0 <= value < 1.0:
+                raise ValueError(f"GTPOConfig.{name} must be in [0, 1), got {value!r}")
+        at_least("repetition_penalty", 0.0, strict=True)
+        at_least("adam_epsilon", 0.0)
+        at_least("overlong_penalty_factor", 0.0)
+        at_least("eval_temperature", 0.0)
         at_least("temperature", 0.0, strict=True)
         at_least("learning_rate", 0.0)
         at_least("epsilon", 0.0)
         at_least("epsilon_high", 0.0, allow_none=True)
         at_least("beta", 0.0)
         at_least("gamma", 0.0)
-        at_least("entropy_threshold", 0.0)
-        at_least("max_grad_norm", 0.0)
+        at_least("entropy_threshold", 0.0, allow_inf=True)  # inf: the filter never drops anything
+        at_least("max_grad_norm", 0.0, allow_inf=True)  # inf (like 0): no clipping
         at_least("weight_decay", 0.0)
         at_least("warmup_ratio", 0.0)
-        at_least("max_consecutive_skips", 1)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"GTPOConfig.top_p must be in (0, 1], got {self.top_p!r}")
         if self.warmup_ratio > 1.0:
@@ -421,3 +464,44 @@ class GTPOConfig:
             combine=self.conflict_combine,
             count=self.conflict_count,
         )
+
+
+# ----------------------------------------------------------------------------- type checks
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string", "None": "null (None)"}
+
+
+def _annotation(f: dataclasses.Field) -> str:
+    """A field's annotation as text (this module uses ``from __future__ import annotations``)."""
+    return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+
+
+def _matches(value: Any, kind: str) -> bool:
+    if kind == "None":
+        return value is None
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "str":
+        return isinstance(value, str)
+    if kind.startswith("list[") and kind.endswith("]"):
+        inner = kind[5:-1]
+        return isinstance(value, (list, tuple)) and all(_matches(v, inner) for v in value)
+    return True  # an annotation this checker does not know: accept
+
+
+def _describe(kind: str) -> str:
+    if kind.startswith("list[") and kind.endswith("]"):
+        inner = _TYPE_WORDS.get(kind[5:-1], kind[5:-1]).split(" ", 1)[-1]
+        return f"a list of {inner}s" if not inner.endswith("s") else f"a list of {inner}"
+    return _TYPE_WORDS.get(kind, kind)
+
+
+def _type_problem(value: Any, annotation: str) -> str | None:
+    """None if ``value`` fits ``annotation`` (e.g. ``'int | None'``), else what was expected."""
+    kinds = [k.strip() for k in annotation.split("|")]
+    if any(_matches(value, k) for k in kinds):
+        return None
+    return " or ".join(_describe(k) for k in kinds)

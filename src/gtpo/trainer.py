@@ -13,6 +13,12 @@ One step, top to bottom (:meth:`GTPOTrainer.step`):
    with the normalisers of the whole batch, gradients are clipped, non-finite updates skipped;
 5. metrics to ``metrics.jsonl`` (and trackers), sample completions, checkpoints, evaluation.
 
+Fault tolerance (docs/fault-tolerance.md): atomic checkpoints and a bitwise-exact resume; SIGTERM /
+SIGINT finish the step and save; NaN/inf updates are never applied (``max_consecutive_skips`` in a
+row stop the run, :class:`TrainingStopped`); a checkpoint that cannot be written raises
+:class:`CheckpointError` with the previous one intact; bad input raises ``ValueError`` naming what
+and where (the config field, the dataset row, the reward function and prompt).
+
 GTPO never loads a reference model. GRPO/Dr.GRPO/DAPO load one only when ``beta > 0`` (with
 LoRA the adapter is simply disabled to get the reference log-probs).
 """
@@ -24,11 +30,13 @@ import copy
 import json
 import logging
 import math
+import numbers
 import os
 import random
 import shutil
 import signal
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -36,6 +44,7 @@ import torch
 from torch import nn
 
 from . import checkpoint as ckpt
+from .checkpoint import CheckpointError
 from .advantages import group_advantages
 from .config import GTPOConfig
 from .conflict import conflict_runs, conflict_weights
@@ -52,6 +61,10 @@ class RewardFunctionError(ValueError):
 
 class TrainingStopped(RuntimeError):
     """The run stopped on purpose (too many non-finite steps); the last good checkpoint is kept."""
+
+
+# files of a run in output_dir (what "output_dir already holds a run" means, and what overwriting removes)
+RUN_FILES = ("metrics.jsonl", "completions.jsonl", "run_config.json", "summary.json")
 
 
 # ----------------------------------------------------------------------------- policy forward
@@ -144,18 +157,27 @@ class ScoredBatch:
     per_func: torch.Tensor
 
 
-def _as_list_of_dicts(dataset) -> Any:
+def _as_list_of_dicts(dataset, name: str = "train_dataset") -> Any:
     from datasets import Dataset
 
     if isinstance(dataset, Dataset):
         return dataset
     if isinstance(dataset, (list, tuple)):
         if not dataset:
-            raise ValueError("train_dataset is empty: give at least one row with a 'prompt'")
-        if not all(isinstance(r, dict) for r in dataset):
-            raise ValueError("train_dataset as a list must hold dicts with a 'prompt' key")
-        return Dataset.from_list(list(dataset))
-    raise ValueError(f"train_dataset must be a datasets.Dataset or a list of dicts, got {type(dataset).__name__}")
+            raise ValueError(f"{name} is empty: give at least one row with a 'prompt'")
+        bad = next((i for i, r in enumerate(dataset) if not isinstance(r, dict)), None)
+        if bad is not None:
+            raise ValueError(f"{name} as a list must hold dicts with a 'prompt' key; row {bad} is "
+                             f"{type(dataset[bad]).__name__}")
+        try:
+            return Dataset.from_list(list(dataset))
+        except Exception as err:  # pyarrow cannot build a table: e.g. a column mixing strings and lists
+            raise ValueError(
+                f"{name}: cannot build a dataset from these rows ({type(err).__name__}: {str(err).splitlines()[0]}); "
+                "every row must have the same columns with values of one type (e.g. 'prompt' always a string, "
+                "or always a list of messages)"
+            ) from err
+    raise ValueError(f"{name} must be a datasets.Dataset or a list of dicts, got {type(dataset).__name__}")
 
 
 def _reward_name(func: Callable) -> str:
@@ -245,10 +267,12 @@ class GTPOTrainer:
                 f"reward functions ({self.reward_names})"
             )
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+        if not torch.isfinite(self.reward_weights).all():
+            raise ValueError(f"GTPOConfig.reward_weights {list(weights)} do not fit in float32")
 
         # data
         self.train_dataset = self._prepare_dataset(train_dataset, "train_dataset")
-        self.eval_dataset = None if eval_dataset is None else _as_list_of_dicts(eval_dataset)
+        self.eval_dataset = None if eval_dataset is None else _as_list_of_dicts(eval_dataset, "eval_dataset")
         self.eval_reward_func = eval_reward_func
         self.sampler = PromptSampler(len(self.train_dataset), args.seed)
 
@@ -265,10 +289,13 @@ class GTPOTrainer:
             [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
         )
-        self.scheduler = get_scheduler(
-            args.lr_scheduler_type, self.optimizer,
-            num_warmup_steps=int(math.ceil(args.warmup_ratio * args.max_steps)), num_training_steps=args.max_steps,
-        )
+        try:
+            self.scheduler = get_scheduler(
+                args.lr_scheduler_type, self.optimizer,
+                num_warmup_steps=int(math.ceil(args.warmup_ratio * args.max_steps)), num_training_steps=args.max_steps,
+            )
+        except (ValueError, TypeError, KeyError) as err:
+            raise ValueError(f"GTPOConfig.lr_scheduler_type={args.lr_scheduler_type!r} cannot be used: {err}") from err
         self.policy, self.optimizer = acc.prepare(self.policy, self.optimizer)
         if self.ref_model is not None:
             self.ref_model.to(acc.device)
@@ -277,10 +304,13 @@ class GTPOTrainer:
 
         # state
         self.global_step = 0
-        self.skipped_steps = 0
-        self.consecutive_skips = 0
+        self.skipped_steps = 0        # steps with at least one skipped (non-finite) update
+        self.skipped_updates = 0      # optimizer updates skipped (num_iterations per step at most)
+        self.consecutive_skips = 0    # consecutive steps with a skipped update, up to this one
         self.initial_entropy: float | None = None
         self._stop_signal: int | None = None
+        self.stopped_early: str | None = None  # the checkpoint written when a signal stopped train()
+        self.stopped_by: str | None = None     # the signal's name
 
     # ------------------------------------------------------------------ loading
     @property
@@ -325,12 +355,21 @@ class GTPOTrainer:
         return resolve_reward(func)
 
     def _prepare_dataset(self, dataset, name: str):
-        dataset = _as_list_of_dicts(dataset)
+        dataset = _as_list_of_dicts(dataset, name)
         if len(dataset) == 0:
             raise ValueError(f"{name} is empty: give at least one row with a 'prompt'")
         if "prompt" not in dataset.column_names:
-            raise ValueError(f"{name} has no 'prompt' column (columns: {dataset.column_names})")
-        ids = encode_prompts(self.tokenizer, dataset["prompt"])
+            hint = " (rename the question column to 'prompt')" if "question" in dataset.column_names else ""
+            raise ValueError(f"{name} has no 'prompt' column (columns: {dataset.column_names}){hint}")
+        ids = []
+        for i, prompt in enumerate(dataset["prompt"]):  # one by one, so that an error names its row
+            try:
+                ids.extend(encode_prompts(self.tokenizer, [prompt]))
+            except ValueError as err:
+                raise ValueError(f"{name} row {i}: {err}") from err
+            except Exception as err:  # e.g. a chat template that fails on malformed messages
+                raise ValueError(f"{name} row {i}: cannot encode the prompt {prompt!r:.200}: "
+                                 f"{type(err).__name__}: {err}") from err
         keep = [i for i, x in enumerate(ids) if len(x) <= self.args.max_prompt_length]
         dropped = len(ids) - len(keep)
         if not keep:
@@ -349,7 +388,14 @@ class GTPOTrainer:
 
     # ------------------------------------------------------------------ rewards
     def _score(self, rows: list[int], rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
-        """``rewards (N,)`` and ``per_func (N, F)`` for completions of dataset ``rows`` (P entries)."""
+        """``rewards (N,)`` and ``per_func (N, F)`` for completions of dataset ``rows`` (P entries).
+
+        Each reward function gets TRL's call ``f(prompts=, completions=, completion_ids=,
+        **dataset_columns)`` and must return N values, each a real number (Python, numpy or a
+        one-element tensor; bools count as 0/1, as in TRL) or None (not scored by this function).
+        Anything else raises :class:`RewardFunctionError` naming the function, the completion, its
+        prompt index in the step and its dataset row.
+        """
         g = self.args.group_size
         batch = self.train_dataset.select(rows)
         columns = {k: [v for v in batch[k] for _ in range(g)] for k in batch.column_names if k != "prompt"}
@@ -358,47 +404,63 @@ class GTPOTrainer:
         completions = [[{"role": "assistant", "content": t}] for t in rollout.texts] if conversational else rollout.texts
         ids = [c[m.bool()].tolist() for c, m in zip(rollout.completion_ids, rollout.completion_mask)]
         n = len(prompts)
+        step = self.global_step + 1
         per_func = torch.empty((n, len(self.reward_funcs)), dtype=torch.float32)
         for j, (func, name) in enumerate(zip(self.reward_funcs, self.reward_names)):
+            def call(sl: slice, func=func):
+                return func(prompts=prompts[sl], completions=completions[sl], completion_ids=ids[sl],
+                            **{k: v[sl] for k, v in columns.items()})
+
             try:
-                out = func(prompts=prompts, completions=completions, completion_ids=ids, **columns)
-            except Exception as err:  # name the function; keep the original traceback chained
-                raise RewardFunctionError(
-                    f"reward function {name!r} raised {type(err).__name__}: {err} "
-                    f"(step {self.global_step + 1}, dataset rows {rows})"
-                ) from err
-            if not isinstance(out, (list, tuple)) and not (isinstance(out, torch.Tensor) and out.ndim == 1):
-                raise RewardFunctionError(f"reward function {name!r} returned {type(out).__name__}; expected a list of {n} floats or None")
-            if len(out) != n:
-                raise RewardFunctionError(f"reward function {name!r} returned {len(out)} values for {n} completions (dataset rows {rows})")
+                out = call(slice(None))
+            except Exception as err:  # name the function and the prompt; keep the original traceback chained
+                raise RewardFunctionError(self._reward_raised_message(name, err, call, rows, prompts, step)) from err
+            out = _reward_values(out, name, n, rows, g, step)
             for i, v in enumerate(out):
-                if v is None:
-                    per_func[i, j] = float("nan")
-                    continue
-                if isinstance(v, torch.Tensor) and v.numel() == 1:
-                    v = v.item()
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise RewardFunctionError(
-                        f"reward function {name!r} returned {v!r} ({type(v).__name__}) for completion {i} "
-                        f"(prompt index {i // g}, dataset row {rows[i // g]}); expected a float or None"
-                    )
-                if not math.isfinite(v):
-                    raise RewardFunctionError(
-                        f"reward function {name!r} returned {v} for completion {i} "
-                        f"(prompt index {i // g}, dataset row {rows[i // g]}); rewards must be finite (or None)"
-                    )
-                per_func[i, j] = float(v)
+                per_func[i, j] = _reward_value(v, name, i, rows, g, step)
         all_none = torch.isnan(per_func).all(dim=1)
         if all_none.any():
             i = int(all_none.nonzero()[0])
             raise RewardFunctionError(
                 f"every reward function returned None for completion {i} (prompt index {i // g}, dataset row "
-                f"{rows[i // g]}); at least one must score each completion ({self.reward_names})"
+                f"{rows[i // g]}, step {step}); at least one must score each completion ({self.reward_names})"
             )
         rewards = (torch.nan_to_num(per_func, nan=0.0) * self.reward_weights).sum(dim=1)
+        if not torch.isfinite(rewards).all():
+            i = int((~torch.isfinite(rewards)).nonzero()[0])
+            raise RewardFunctionError(
+                f"the weighted sum of the rewards of completion {i} (prompt index {i // g}, dataset row {rows[i // g]}, "
+                f"step {step}) overflows float32: {dict(zip(self.reward_names, per_func[i].tolist()))} with "
+                f"reward_weights {self.reward_weights.tolist()}; rescale the reward functions"
+            )
         if self.args.overlong_buffer_length > 0:
             rewards = rewards + self._overlong_penalty(rollout)
         return rewards, per_func
+
+    def _reward_raised_message(self, name: str, err: Exception, call: Callable, rows: list[int], prompts: list,
+                               step: int) -> str:
+        """Say which reward function raised what, where in its code, and on which prompt.
+
+        The batch call gives no prompt index, so the function is called again one prompt group at
+        a time (only on this error path) to find the first prompt it fails on.
+        """
+        g = self.args.group_size
+        where = _user_frame(err)
+        msg = (f"reward function {name!r} raised {type(err).__name__}: {err}{where} "
+               f"(step {step}, dataset rows {rows})")
+        for p in range(len(rows)):
+            try:
+                call(slice(p * g, (p + 1) * g))
+            except Exception as err_p:
+                prompt = prompts[p * g]
+                text = prompt if isinstance(prompt, str) else prompt[-1].get("content", prompt) if prompt else prompt
+                msg += (f"; it fails on prompt index {p} (dataset row {rows[p]}: {str(text)[:80]!r})"
+                        + ("" if type(err_p) is type(err) else f" with {type(err_p).__name__}: {err_p}"))
+                break
+        if isinstance(err, TypeError) and "argument" in str(err):
+            msg += ("; reward functions are called as f(prompts=..., completions=..., completion_ids=..., "
+                    "**dataset_columns): give the function a **kwargs parameter")
+        return msg
 
     def _overlong_penalty(self, rollout: Rollout) -> torch.Tensor:
         """DAPO soft overlong punishment: ``(N,)`` linear penalty inside the last buffer tokens."""
@@ -411,13 +473,24 @@ class GTPOTrainer:
     # ------------------------------------------------------------------ rollout
     def _rollout(self, rows: list[int]) -> Rollout:
         a = self.args
-        return generate(
-            self.unwrapped_model, self.tokenizer, [None] * len(rows),
-            prompt_ids=[self._prompt_ids[r] for r in rows],
-            num_samples=a.group_size, max_new_tokens=a.max_completion_length, temperature=a.temperature,
-            top_p=a.top_p, top_k=a.top_k, repetition_penalty=a.repetition_penalty,
-            batch_size=a.generation_batch_size,
-        )
+        try:
+            return generate(
+                self.unwrapped_model, self.tokenizer, [None] * len(rows),
+                prompt_ids=[self._prompt_ids[r] for r in rows],
+                num_samples=a.group_size, max_new_tokens=a.max_completion_length, temperature=a.temperature,
+                top_p=a.top_p, top_k=a.top_k, repetition_penalty=a.repetition_penalty,
+                batch_size=a.generation_batch_size,
+            )
+        except RuntimeError as err:
+            text = str(err).lower()
+            if "nan" not in text and "inf" not in text:
+                raise
+            # sampling from non-finite probabilities: the policy's forward overflows on these prompts
+            raise TrainingStopped(
+                f"sampling completions failed at step {self.global_step + 1} (dataset rows {rows}): the policy "
+                f"produced non-finite probabilities ({type(err).__name__}: {str(err).splitlines()[0]}). "
+                f"{self._checkpoint_note()} Lower learning_rate or max_grad_norm, or train in float32 instead of bf16"
+            ) from err
 
     def _next_rows(self) -> list[int]:
         """This process's share of the next ``prompts_per_step`` prompts (same order on every process)."""
@@ -531,7 +604,9 @@ class GTPOTrainer:
         initial_entropy = None
         if a.loss_type == "gtpo" and a.entropy_rule == "initial":
             if self.initial_entropy is None:
-                self.initial_entropy = self._measure_entropy(rollout, mask, micro)
+                measured = self._measure_entropy(rollout, mask, micro)
+                if math.isfinite(measured):  # a non-finite first forward is skipped below; measure again next step
+                    self.initial_entropy = measured
             initial_entropy = self.initial_entropy
 
         t1 = time.perf_counter()
@@ -540,7 +615,7 @@ class GTPOTrainer:
         ent_sum = torch.zeros((), device=dev)
         loss_total = torch.zeros((), device=dev)
         grad_norm = torch.zeros((), device=dev)
-        skipped = False
+        skipped_updates = 0
         loss_kwargs = a.loss_kwargs()
         for it in range(a.num_iterations):
             loss_total = torch.zeros((), device=dev)
@@ -573,17 +648,23 @@ class GTPOTrainer:
                         sums[key] = sums.get(key, torch.zeros((), device=dev)) + val.detach().float() * w
             params = [p for p in self.policy.parameters() if p.requires_grad]
             max_norm = a.max_grad_norm if a.max_grad_norm > 0 else float("inf")
-            grad_norm = acc.clip_grad_norm_(params, max_norm)
-            if not (torch.isfinite(grad_norm) and torch.isfinite(loss_total)):
-                skipped = True
+            grad_norm = torch.as_tensor(acc.clip_grad_norm_(params, max_norm), device=dev)
+            # a NaN/inf loss or gradient: this update is never applied, nor are the rest of this step's
+            # updates (they would see the same batch and weights); the decision is the same on every process
+            nonfinite = (~torch.isfinite(grad_norm) | ~torch.isfinite(loss_total)).float().reshape(())
+            if acc.num_processes > 1:
+                nonfinite = acc.reduce(nonfinite, "max")
+            if bool(nonfinite):
+                skipped_updates = a.num_iterations - it
                 self.optimizer.zero_grad(set_to_none=True)
                 break
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        self.scheduler.step()  # the schedule follows the step count, skipped steps included
         self.global_step += 1
-        if skipped:
+        if skipped_updates:
             self.skipped_steps += 1
+            self.skipped_updates += skipped_updates
             self.consecutive_skips += 1
         else:
             self.consecutive_skips = 0
@@ -621,6 +702,7 @@ class GTPOTrainer:
             "grad_norm": float(grad_norm) if torch.isfinite(grad_norm) else float("nan"),
             "lr": float(self.scheduler.get_last_lr()[0]),
             "skipped_steps": float(self.skipped_steps),
+            "skipped_updates": float(self.skipped_updates),
             "step_time_s": step_time,
             "generation_time_s": t_gen,
             "update_time_s": t_upd,
@@ -650,31 +732,94 @@ class GTPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> str:
-        """Write ``checkpoint-<step>`` atomically; returns its path."""
+        """Write ``checkpoint-<step>`` atomically; returns its path.
+
+        Everything goes into ``.tmp-checkpoint-<step>``, is fsynced, and the directory is renamed
+        to ``checkpoint-<step>`` (the commit point, see :mod:`gtpo.checkpoint`). If writing fails on
+        any process (a full disk, a quota, an I/O error), the temporary directory is removed, the
+        older checkpoints are untouched, and :class:`CheckpointError` names what failed, where, and
+        the newest intact checkpoint.
+        """
         acc, a = self.accelerator, self.args
         final = os.path.join(a.output_dir, f"checkpoint-{self.global_step}")
         tmp = ckpt.temp_dir_for(a.output_dir, self.global_step)
+
+        def stage(write: Callable[[], None]) -> None:
+            error = None
+            try:
+                write()
+            except Exception as err:  # noqa: BLE001 -- any write failure (OSError, safetensors', torch's) is reported
+                error = err
+            self._raise_if_checkpoint_failed(error, final, tmp)
+
+        def make_tmp() -> None:
+            if acc.is_main_process:
+                # the logs of the steps this checkpoint covers become durable before it does
+                for name in ("metrics.jsonl", "completions.jsonl"):
+                    path = os.path.join(a.output_dir, name)
+                    if os.path.isfile(path):
+                        with open(path, "rb") as fh:
+                            os.fsync(fh.fileno())
+                shutil.rmtree(tmp, ignore_errors=True)
+                os.makedirs(tmp)
+
+        def write_files() -> None:
+            if acc.is_main_process:
+                self.unwrapped_model.save_pretrained(tmp, safe_serialization=True)
+                self.tokenizer.save_pretrained(tmp)
+                torch.save(self.optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+                torch.save(self.scheduler.state_dict(), os.path.join(tmp, "scheduler.pt"))
+            torch.save(_rng_state(), os.path.join(tmp, f"rng_state_{acc.process_index}.pth"))
+
+        def commit() -> None:
+            if acc.is_main_process:
+                ckpt.commit(tmp, final, self._state())
+
+        stage(make_tmp)
+        stage(write_files)
+        stage(commit)
         if acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            self.unwrapped_model.save_pretrained(tmp, safe_serialization=True)
-            self.tokenizer.save_pretrained(tmp)
-            torch.save(self.optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
-            torch.save(self.scheduler.state_dict(), os.path.join(tmp, "scheduler.pt"))
-        torch.save(_rng_state(), os.path.join(tmp, f"rng_state_{acc.process_index}.pth"))
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            ckpt.commit(tmp, final, self._state())
-            ckpt.rotate(a.output_dir, a.save_total_limit)
+            try:
+                ckpt.rotate(a.output_dir, a.save_total_limit)
+            except OSError as err:  # the new checkpoint is complete; an old one simply stays
+                logger.warning("could not delete old checkpoints in %s: %s", a.output_dir, err)
         acc.wait_for_everyone()
         return final
+
+    def _raise_if_checkpoint_failed(self, error: Exception | None, final: str, tmp: str) -> None:
+        """Collective: if writing failed on any process, remove the temporary directory and raise."""
+        acc = self.accelerator
+        failed = error is not None
+        if acc.num_processes > 1:
+            failed = bool(acc.reduce(torch.tensor(float(failed), device=acc.device), "max"))
+        if not failed:
+            return
+        if acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        what = ckpt.describe_write_error(error) if error is not None else "a write failure on another process"
+        raise CheckpointError(
+            f"{what} while writing {os.path.basename(final)} in {self.args.output_dir}; {self._intact_note()} "
+            "Free some space (or lower save_total_limit) and resume with resume_from_checkpoint=True "
+            "(gtpo train ... --resume_from_checkpoint true)"
+        ) from error
+
+    def _intact_note(self) -> str:
+        newest = ckpt.latest_checkpoint(self.args.output_dir)
+        if newest is None:
+            return "no earlier checkpoint exists (the run would restart from step 0)."
+        return f"the previous checkpoint {os.path.basename(newest)} is intact ({newest})."
+
+    def _checkpoint_note(self) -> str:
+        newest = ckpt.latest_checkpoint(self.args.output_dir)
+        if newest is None:
+            return "No checkpoint has been written yet."
+        return f"The newest complete checkpoint is {newest}."
 
     def _state(self) -> dict[str, Any]:
         return {
             "global_step": self.global_step,
             "skipped_steps": self.skipped_steps,
+            "skipped_updates": self.skipped_updates,
             "consecutive_skips": self.consecutive_skips,
             "initial_entropy": self.initial_entropy,
             "sampler": self.sampler.state_dict(),
@@ -682,66 +827,135 @@ class GTPOTrainer:
             "config": self.args.to_dict(),
         }
 
+    # fields that may change between a run and its resume without changing what is trained
+    _RESUMABLE_CHANGES = frozenset({
+        "output_dir", "overwrite_output_dir", "max_steps", "save_steps", "save_total_limit", "logging_steps",
+        "report_to", "run_name", "disable_tqdm", "log_completions_steps", "num_completions_to_print", "eval_steps",
+        "eval_num_samples", "eval_k", "eval_temperature", "eval_max_new_tokens",
+    })
+
     def load_checkpoint(self, path: str) -> None:
-        """Restore weights, optimizer, scheduler, RNG and loop state from ``checkpoint-<step>``."""
+        """Restore weights, optimizer, scheduler, RNG and loop state from ``checkpoint-<step>``.
+
+        Everything a step depends on is restored, so a resumed run continues bitwise as the
+        uninterrupted one would (same process count, CPU or deterministic kernels): weights,
+        AdamW moments, scheduler, the Python/numpy/torch(/CUDA) RNG states, the data order
+        (sampler epoch and position), ``<H>_ini`` and the skip counters.
+        """
         state = ckpt.read_state(path)
-        _load_weights(self.unwrapped_model, path, peft=self.is_peft)
-        self.optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=False))
-        self.scheduler.load_state_dict(torch.load(os.path.join(path, "scheduler.pt"), weights_only=False))
-        rng = os.path.join(path, f"rng_state_{self.accelerator.process_index}.pth")
-        if os.path.isfile(rng):
-            _set_rng_state(torch.load(rng, weights_only=False))
+        acc = self.accelerator
+        rng = os.path.join(path, f"rng_state_{acc.process_index}.pth")
+        try:
+            _load_weights(self.unwrapped_model, path, peft=self.is_peft)
+            self.optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=False))
+            self.scheduler.load_state_dict(torch.load(os.path.join(path, "scheduler.pt"), weights_only=False))
+            rng_state = torch.load(rng, weights_only=False) if os.path.isfile(rng) else None
+            sampler = state["sampler"]
+            self.sampler.load_state_dict(sampler)
+        except Exception as err:  # noqa: BLE001 -- name the checkpoint and the alternatives
+            parent = os.path.dirname(os.path.abspath(path))
+            older = [p for _s, p in ckpt.list_checkpoints(parent) if os.path.abspath(p) != os.path.abspath(path)]
+            hint = (f" Other complete checkpoints: {', '.join(older)}; resume from one of them with "
+                    "resume_from_checkpoint=PATH (--resume_from_checkpoint PATH)." if older else "")
+            raise ValueError(f"cannot load checkpoint {path}: {type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else ''}.{hint}") from err
+        if rng_state is not None:
+            _set_rng_state(rng_state)
+        else:
+            logger.warning("%s has no %s: the random streams restart from the seed (the run stays valid but is "
+                           "not bitwise identical to an uninterrupted one)", path, os.path.basename(rng))
         self.global_step = int(state["global_step"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.skipped_updates = int(state.get("skipped_updates", self.skipped_steps))
         self.consecutive_skips = int(state.get("consecutive_skips", 0))
         self.initial_entropy = state.get("initial_entropy")
-        self.sampler.load_state_dict(state["sampler"])
+        saved_config = state.get("config") or {}
+        current = self.args.to_dict()
+        changed = [k for k in current if k in saved_config and k not in self._RESUMABLE_CHANGES
+                   and saved_config[k] != current[k]]
+        if changed:
+            logger.warning("resuming %s with a changed config (%s): training continues, but not as the checkpointed "
+                           "run would have", path,
+                           ", ".join(f"{k}: {saved_config[k]!r} -> {current[k]!r}" for k in changed))
+        if state.get("num_processes", acc.num_processes) != acc.num_processes:
+            logger.warning("%s was written by %s processes and is resumed by %d: the data order continues, the "
+                           "random streams differ", path, state.get("num_processes"), acc.num_processes)
 
     # ------------------------------------------------------------------ the loop
     def _check_output_dir(self, resuming: bool) -> None:
         """Refuse an output_dir holding another run, unless resuming or overwriting (all processes)."""
         a, acc = self.args, self.accelerator
+        if os.path.exists(a.output_dir) and not os.path.isdir(a.output_dir):
+            raise ValueError(f"output_dir {a.output_dir!r} exists and is not a directory; choose another output_dir")
         existing = []
         if not resuming and os.path.isdir(a.output_dir):
-            existing = [n for n in os.listdir(a.output_dir)
-                        if n in ("metrics.jsonl", "run_config.json") or n.startswith("checkpoint-")]
+            existing = [n for n in os.listdir(a.output_dir) if n in RUN_FILES or n.startswith("checkpoint-")]
         if existing and not a.overwrite_output_dir:
             raise ValueError(
                 f"output_dir {a.output_dir!r} already holds a run ({', '.join(sorted(existing)[:3])}); "
                 "resume it (resume_from_checkpoint=True / --resume_from_checkpoint true), choose another "
-                "output_dir, or set overwrite_output_dir=True (--overwrite_output_dir true) to replace it"
+                "output_dir, or set overwrite_output_dir=True (--overwrite) to replace it"
             )
         acc.wait_for_everyone()
-        if existing and acc.is_main_process:
+        if acc.is_main_process:
             for name in existing:
                 path = os.path.join(a.output_dir, name)
-                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+                ckpt.remove_checkpoint(path) if os.path.isdir(path) else os.remove(path)
+        try:  # every process (no process may wait for one that failed)
+            os.makedirs(a.output_dir, exist_ok=True)
+        except OSError as err:
+            raise ValueError(f"cannot create output_dir {a.output_dir!r}: {err.strerror or err}") from err
         acc.wait_for_everyone()
 
     def _resolve_resume(self, resume_from_checkpoint) -> str | None:
-        if resume_from_checkpoint in (None, False):
+        value = resume_from_checkpoint
+        if isinstance(value, str) and value.strip().lower() in ("false", "no", "none", "null", ""):
+            value = None
+        if value is None or value is False:
             return None
-        if resume_from_checkpoint is True or (isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() == "true"):
+        if value is True or (isinstance(value, str) and value.strip().lower() == "true"):
             path = ckpt.latest_checkpoint(self.args.output_dir)
             if path is None:
-                logger.warning("resume_from_checkpoint=True but %s has no complete checkpoint: starting from scratch",
+                logger.warning("resume_from_checkpoint=True but %s has no complete checkpoint: starting from step 0",
                                self.args.output_dir)
             return path
-        if not os.path.isdir(resume_from_checkpoint):
-            raise ValueError(f"resume_from_checkpoint: {resume_from_checkpoint!r} is not a directory")
-        ckpt.read_state(resume_from_checkpoint)
-        return resume_from_checkpoint
+        if not isinstance(value, (str, os.PathLike)):
+            raise ValueError(f"resume_from_checkpoint must be True, False/None or a checkpoint directory, got {value!r}")
+        path = os.fspath(value)
+        if not os.path.isdir(path):
+            newest = ckpt.latest_checkpoint(self.args.output_dir)
+            hint = f"; the newest complete checkpoint of output_dir is {newest}" if newest else ""
+            raise ValueError(f"resume_from_checkpoint: {path!r} is not a directory{hint}")
+        ckpt.read_state(path)
+        return path
+
+    def _drop_later_checkpoints(self, resumed: str) -> None:
+        """Resuming from an older checkpoint of output_dir abandons the steps after it: their metrics
+        lines are dropped, and so are their checkpoints, so that a later ``resume_from_checkpoint=True``
+        cannot pick a checkpoint of the abandoned continuation."""
+        a, acc = self.args, self.accelerator
+        if os.path.abspath(os.path.dirname(os.path.abspath(resumed))) != os.path.abspath(a.output_dir):
+            return
+        later = [p for s, p in ckpt.list_checkpoints(a.output_dir) if s > self.global_step]
+        if later and acc.is_main_process:
+            logger.warning("resuming from step %d: removing the checkpoints of later steps %s (they belong to the "
+                           "abandoned continuation of this run)", self.global_step,
+                           ", ".join(os.path.basename(p) for p in later))
+            for path in later:
+                ckpt.remove_checkpoint(path)
+        acc.wait_for_everyone()
 
     def _install_signal_handlers(self) -> dict:
+        """SIGTERM/SIGINT: finish the current step, save, return. A second signal: the previous
+        handler (default: exit at once; checkpoints are atomic, so nothing is corrupted)."""
         previous = {}
 
         def handler(signum, _frame):
             self._stop_signal = signum
-            # a second signal takes the default action at once (checkpoints are atomic)
             for s, h in previous.items():
                 signal.signal(s, h)
-            logger.warning("received %s: finishing the current step, then saving a checkpoint",
-                           signal.Signals(signum).name)
+            logger.warning("received %s: finishing the current step, then saving a checkpoint "
+                           "(send it again to stop at once)", signal.Signals(signum).name)
 
         import threading
 
@@ -751,26 +965,79 @@ class GTPOTrainer:
                 signal.signal(s, handler)
         return previous
 
+    def _stop_requested(self) -> bool:
+        """Whether a stop signal reached any process (one collective per step with several processes)."""
+        flag = self._stop_signal is not None
+        if self.accelerator.num_processes > 1:
+            t = torch.tensor(float(flag), device=self.accelerator.device)
+            flag = bool(self.accelerator.reduce(t, "max"))
+        return flag
+
+    def _append_log(self, path: str, obj: dict) -> None:
+        try:
+            _append_jsonl(path, obj)
+        except OSError as err:
+            raise CheckpointError(
+                f"{ckpt.describe_write_error(err)} while appending step {obj.get('step')} to {path}; "
+                f"{self._checkpoint_note()} Free some space and resume with resume_from_checkpoint=True "
+                "(gtpo train ... --resume_from_checkpoint true)"
+            ) from err
+
+    def _nonfinite_message(self) -> str:
+        a = self.args
+        first = self.global_step - self.consecutive_skips + 1
+        steps = f"step {first}" if first == self.global_step else f"steps {first}-{self.global_step}"
+        return (
+            f"{steps} ({self.consecutive_skips} in a row; max_consecutive_skips={a.max_consecutive_skips}) had a "
+            "non-finite (NaN/inf) loss or gradient, so training stops. Non-finite updates are never applied: "
+            f"the weights are finite and were last updated at step {first - 1}. {self._checkpoint_note()} "
+            "Lower learning_rate, set max_grad_norm, check the reward functions (and bf16), then resume with "
+            "resume_from_checkpoint=True (gtpo train ... --resume_from_checkpoint true)"
+        )
+
     def train(self, resume_from_checkpoint: str | bool | None = None) -> dict[str, float]:
-        """Run until ``max_steps`` (or a stop signal); returns the last step's metrics."""
+        """Run until ``max_steps`` (or a stop signal); returns the last step's metrics.
+
+        Fault tolerance (see docs/fault-tolerance.md): checkpoints are atomic, resume is exact;
+        SIGTERM/SIGINT finish the current step, save a checkpoint and return with
+        ``self.stopped_early`` set to its path (a second signal stops at once); a step whose loss or
+        gradient is NaN/inf is skipped, and ``max_consecutive_skips`` of them in a row raise
+        :class:`TrainingStopped`; a checkpoint that cannot be written raises :class:`CheckpointError`
+        and leaves the previous one intact.
+        """
         from tqdm.auto import tqdm
 
         a, acc = self.args, self.accelerator
+        self.stopped_early = None
+        self.stopped_by = None
+        self._stop_signal = None
         resume = self._resolve_resume(resume_from_checkpoint)
-        self._check_output_dir(resuming=resume_from_checkpoint not in (None, False))
-        os.makedirs(a.output_dir, exist_ok=True)
-        if acc.is_main_process:
+        asked = resume_from_checkpoint is True or (isinstance(resume_from_checkpoint, str)
+                                                   and resume_from_checkpoint.strip().lower() == "true")
+        self._check_output_dir(resuming=resume is not None or asked)
+        if acc.is_main_process:  # leftovers of a killed run: never loaded, removed here
             ckpt.remove_stale_temps(a.output_dir)
+            shutil.rmtree(os.path.join(a.output_dir, ".tmp-final"), ignore_errors=True)
+            for name in RUN_FILES:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(a.output_dir, name + ".tmp"))
         acc.wait_for_everyone()
         if resume is not None:
             self.load_checkpoint(resume)
             logger.info("resumed from %s at step %d", resume, self.global_step)
+            self._drop_later_checkpoints(resume)
         metrics_path = os.path.join(a.output_dir, "metrics.jsonl")
         if acc.is_main_process:
-            _truncate_metrics(metrics_path, self.global_step)
-            ckpt.write_json_atomic(os.path.join(a.output_dir, "run_config.json"),
-                                   {**a.to_dict(), "model": str(self.model_name), "reward_funcs": self.reward_names,
-                                    "num_processes": acc.num_processes, "dropped_prompts": self.dropped_prompts})
+            try:
+                # lines of steps after the checkpoint are re-logged by the resumed run
+                _truncate_metrics(metrics_path, self.global_step)
+                _truncate_metrics(os.path.join(a.output_dir, "completions.jsonl"), self.global_step)
+                ckpt.write_json_atomic(os.path.join(a.output_dir, "run_config.json"),
+                                       {**a.to_dict(), "model": str(self.model_name), "reward_funcs": self.reward_names,
+                                        "num_processes": acc.num_processes, "dropped_prompts": self.dropped_prompts})
+            except OSError as err:
+                raise CheckpointError(f"cannot write to output_dir {a.output_dir}: "
+                                      f"{ckpt.describe_write_error(err)}") from err
         if a.report_to:
             acc.init_trackers(a.run_name or os.path.basename(os.path.abspath(a.output_dir)), config=a.to_dict())
         previous = self._install_signal_handlers()
@@ -780,23 +1047,21 @@ class GTPOTrainer:
         last_saved = self.global_step if resume is not None else -1
         try:
             if self.probe_texts and self.global_step == 0 and acc.is_main_process:
-                _append_jsonl(metrics_path, {"step": 0, **self._probe()})
+                self._append_log(metrics_path, {"step": 0, **self._probe()})
             while self.global_step < a.max_steps:
                 metrics = self.step()
-                if self.consecutive_skips >= a.max_consecutive_skips:
-                    raise TrainingStopped(
-                        f"{self.consecutive_skips} consecutive steps had a non-finite loss or gradient "
-                        f"(step {self.global_step}); stopping. The last good checkpoint is kept in {a.output_dir}; "
-                        "lower the learning rate or check the reward functions"
-                    )
-                if self.eval_dataset is not None and a.eval_steps and self.global_step % a.eval_steps == 0:
-                    metrics.update(self.evaluate())
-                if self.probe_texts:
-                    metrics.update(self._probe())
+                give_up = self.consecutive_skips >= a.max_consecutive_skips
+                if not give_up:
+                    if self.eval_dataset is not None and a.eval_steps and self.global_step % a.eval_steps == 0:
+                        metrics.update(self.evaluate())
+                    if self.probe_texts:
+                        metrics.update(self._probe())
                 if acc.is_main_process:
-                    _append_jsonl(metrics_path, metrics)
+                    self._append_log(metrics_path, metrics)
                     if a.log_completions_steps and self.global_step % a.log_completions_steps == 0:
                         self._log_completions()
+                if give_up:  # the last good checkpoint stays as it is
+                    raise TrainingStopped(self._nonfinite_message())
                 if a.report_to and self.global_step % a.logging_steps == 0:
                     acc.log({k: v for k, v in metrics.items() if k != "step"}, step=self.global_step)
                 bar.update(1)
@@ -805,13 +1070,15 @@ class GTPOTrainer:
                 if a.save_steps and self.global_step % a.save_steps == 0:
                     self.save_checkpoint()
                     last_saved = self.global_step
-                if self._stop_signal is not None:
+                if self.global_step < a.max_steps and self._stop_requested():
                     if last_saved != self.global_step:
                         self.save_checkpoint()
                     path = os.path.join(a.output_dir, f"checkpoint-{self.global_step}")
-                    logger.warning("stopped by signal at step %d; checkpoint saved in %s. Resume with "
+                    self.stopped_by = (signal.Signals(self._stop_signal).name if self._stop_signal is not None
+                                       else "a signal to another process")
+                    logger.warning("stopped by %s after step %d of %d; checkpoint saved in %s. Resume with "
                                    "resume_from_checkpoint=True (gtpo train ... --resume_from_checkpoint true)",
-                                   self.global_step, path)
+                                   self.stopped_by, self.global_step, a.max_steps, path)
                     self.stopped_early = path
                     return metrics
             self.save_model()
@@ -821,26 +1088,37 @@ class GTPOTrainer:
                 signal.signal(s, h)
             if a.report_to:
                 acc.end_training()
-        self.stopped_early = None
         return metrics
 
     def save_model(self, output_dir: str | None = None) -> None:
-        """Save the final model (or adapter) and tokenizer; files replace the old ones atomically."""
+        """Save the final model (or adapter) and tokenizer; files replace the old ones atomically.
+
+        A failure (e.g. a full disk) removes the temporary directory and raises
+        :class:`CheckpointError`; the checkpoints are untouched, so resuming writes it again.
+        """
         out = output_dir or self.args.output_dir
         acc = self.accelerator
         acc.wait_for_everyone()
         if not acc.is_main_process:
             return
         tmp = os.path.join(out, ".tmp-final")
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        self.unwrapped_model.save_pretrained(tmp, safe_serialization=True)
-        self.tokenizer.save_pretrained(tmp)
-        ckpt.fsync_tree(tmp)
-        for name in os.listdir(tmp):
-            os.replace(os.path.join(tmp, name), os.path.join(out, name))
-        os.rmdir(tmp)
-        ckpt.fsync_dir(out)
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+            self.unwrapped_model.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            ckpt.fsync_tree(tmp)
+            for name in os.listdir(tmp):
+                os.replace(os.path.join(tmp, name), os.path.join(out, name))
+            os.rmdir(tmp)
+            ckpt.fsync_dir(out)
+        except Exception as err:  # noqa: BLE001 -- any write failure is reported the same way
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(
+                f"{ckpt.describe_write_error(err)} while writing the final model to {out}; "
+                f"{self._checkpoint_note()} Free some space and resume with resume_from_checkpoint=True "
+                "(gtpo train ... --resume_from_checkpoint true) to write it again"
+            ) from err
 
     # ------------------------------------------------------------------ evaluation & logs
     def evaluate(self) -> dict[str, float]:
@@ -869,10 +1147,79 @@ class GTPOTrainer:
             })
         path = os.path.join(self.args.output_dir, "completions.jsonl")
         for row in rows:
-            _append_jsonl(path, row)
+            self._append_log(path, row)
 
 
 # ----------------------------------------------------------------------------- helpers
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _user_frame(err: BaseException) -> str:
+    """`` at file.py:12 in fn`` for the frame of the reward function that raised (its own code)."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename != __file__]  # not the trainer's
+    if not frames:
+        return ""
+    own, deepest = frames[0], frames[-1]
+    where = f" at {os.path.basename(own.filename)}:{own.lineno} in {own.name}"
+    if deepest is not own:
+        where += f" (raised in {os.path.basename(deepest.filename)}:{deepest.lineno} in {deepest.name})"
+    return where
+
+
+def _reward_values(out: Any, name: str, n: int, rows: list[int], g: int, step: int) -> list:
+    """The N values returned by reward function ``name`` as a list (a list/tuple, or a 1-D tensor/array)."""
+    if isinstance(out, torch.Tensor) or type(out).__module__ == "numpy":
+        shape = tuple(out.shape)
+        if len(shape) != 1:
+            raise RewardFunctionError(
+                f"reward function {name!r} returned a {type(out).__name__} of shape {shape} at step {step}; "
+                f"expected a list of {n} floats or None (one per completion)"
+            )
+        out = out.tolist()
+    if not isinstance(out, (list, tuple)):
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {type(out).__name__} ({out!r:.80}) at step {step}; expected a "
+            f"list of {n} floats or None (one per completion)"
+        )
+    if len(out) != n:
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {len(out)} values for {n} completions at step {step} "
+            f"({len(rows)} prompts x group_size {g}; dataset rows {rows}); return one value per completion"
+        )
+    return list(out)
+
+
+def _reward_value(v: Any, name: str, i: int, rows: list[int], g: int, step: int) -> float:
+    """One reward as a float (NaN for None), or RewardFunctionError naming completion ``i`` and its prompt."""
+    where = f"for completion {i} (prompt index {i // g}, dataset row {rows[i // g]}, step {step})"
+    if v is None:
+        return float("nan")
+    if isinstance(v, torch.Tensor) or type(v).__module__ == "numpy":
+        if getattr(v, "ndim", 0) == 0 or (hasattr(v, "numel") and v.numel() == 1) or getattr(v, "size", 0) == 1:
+            try:
+                v = v.item()
+            except (ValueError, RuntimeError):
+                pass
+    if isinstance(v, bool) or type(v).__name__ == "bool_":
+        v = float(bool(v))
+    if not isinstance(v, numbers.Real):
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {v!r:.80} ({type(v).__name__}) {where}; expected a float or None"
+        )
+    try:
+        v = float(v)
+    except (OverflowError, ValueError, TypeError) as err:  # e.g. an int beyond the float range
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {v!r:.80} {where}, which is not a float ({err})") from err
+    if not math.isfinite(v):
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {v} {where}; rewards must be finite (or None to skip a completion)"
+        )
+    if abs(v) > _FLOAT32_MAX:
+        raise RewardFunctionError(f"reward function {name!r} returned {v} {where}, beyond the float32 range")
+    return v
+
+
 def _group_varies(rewards: torch.Tensor, p: int, g: int) -> bool:
     grp = rewards[p * g:(p + 1) * g]
     return bool((grp.max() - grp.min()) > 1e-8)
@@ -914,7 +1261,11 @@ def _append_jsonl(path: str, obj: dict) -> None:
 
 
 def _truncate_metrics(path: str, step: int) -> None:
-    """Keep only metric lines of steps <= ``step`` (a resumed run re-logs the later ones)."""
+    """Keep only lines of steps <= ``step`` of a JSON-lines log (a resumed run re-logs the later ones).
+
+    Starting from step 0 keeps nothing (the step-0 probe line is written again); a line cut by a
+    kill is dropped.
+    """
     if not os.path.isfile(path):
         return
     kept = []
@@ -924,11 +1275,11 @@ def _truncate_metrics(path: str, step: int) -> None:
                 obj = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by a kill
-            if obj.get("step", 0) <= step:
-                kept.append(json.dumps(obj))
+            if step > 0 and isinstance(obj, dict) and obj.get("step", 0) <= step:
+                kept.append(line if line.endswith("\n") else line + "\n")
     tmp = path + ".tmp"
     with open(tmp, "w") as fh:
-        fh.write("".join(k + "\n" for k in kept))
+        fh.write("".join(kept))
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
