@@ -28,6 +28,14 @@ _EXPORTS = {
     # configuration and training
     "GTPOConfig": "gtpo.config",
     "GTPOTrainer": "gtpo.trainer",
+    "TrainingStopped": "gtpo.trainer",
+    "RewardFunctionError": "gtpo.trainer",
+    "CheckpointError": "gtpo.checkpoint",
+    # data, rewards, SFT, reports
+    "load_task": "gtpo.data",
+    "resolve_reward": "gtpo.rewards",
+    "run_sft": "gtpo.sft",
+    "write_report": "gtpo.report",
     # evaluation
     "pass_at_k": "gtpo.evaluate",
     "maj_at_k": "gtpo.evaluate",
