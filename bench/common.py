@@ -1,0 +1,347 @@
+"""Shared helpers of the trainer benchmarks (``bench/trainer_vs_trl.py``, ``bench/limit.py``,
+``bench/gtpo_overhead.py``, ``bench/step_memory.py``).
+
+* :func:`build_bench_model`: a tiny random Llama written to disk (``save_pretrained``), whose
+  generation config sets ``min_new_tokens = max_new_tokens = T``: transformers ``generate``
+  fills every field a trainer leaves unset in its own ``GenerationConfig`` from the model's
+  generation config, so EOS is suppressed until ``T`` tokens exist and every completion of every
+  trainer has exactly ``T`` tokens. Step times are then comparable token for token.
+* :data:`PROMPTS`, :func:`bench_reward`: the same prompts and the same cheap reward everywhere.
+* :func:`ours_trainer`, :func:`trl_trainer`: this project's ``GTPOTrainer`` and TRL's
+  ``GRPOTrainer`` with matched settings (see :func:`trl_trainer`).
+* :func:`peak_rss_reset`, :func:`peak_rss_bytes`, :func:`rss_bytes`: the process's peak resident
+  set (``VmHWM``), resettable through ``/proc/self/clear_refs`` (Linux), so that the peak of ONE
+  step can be read after warm-up steps.
+* :func:`run_worker`: ``python <script> --worker '<json>'`` in a fresh interpreter; the JSON it
+  prints last is the result (no allocator state or cache carries over between measurements).
+* :func:`table`, :func:`machine`: printing.
+
+Every benchmark process calls ``torch.set_num_threads(threads)`` (2 by default: the cores of
+the project's machines).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH_DIR)
+
+# Prompts of 40 to 49 tokens (different lengths: left padding is exercised, as in real batches).
+PROMPTS = [
+    f"What is {a} {op} {b}? Respond in the following format: <reasoning> ... </reasoning> <answer> ... </answer>"
+    + " think step by step" * (i % 3)
+    for i, (a, op, b) in enumerate([(12, "+", 7), (45, "-", 19), (3, "+", 88), (70, "-", 26),
+                                    (9, "+", 9), (51, "-", 50), (33, "+", 44), (81, "-", 2)])
+]
+
+
+def bench_reward(completions, **kwargs):
+    """Share of digit characters of each completion: cheap, and it varies within a group (non-zero
+    advantages and conflict tokens exist, so GTPO's weights do real work)."""
+    out = []
+    for c in completions:
+        text = c if isinstance(c, str) else c[0]["content"]
+        out.append(sum(ch.isdigit() for ch in text) / max(len(text), 1))
+    return out
+
+
+def prompts(spec: dict) -> list[str]:
+    """The benchmark prompts; with ``spec["paper_prompts"]`` each starts with the GTPO paper's
+    system prompt (``gtpo.data.SYSTEM_PROMPT``, the project's default template) as plain text:
+    about 140 tokens instead of 40-49 with the tiny tokenizer, closer to real GSM8K prompts."""
+    if spec.get("paper_prompts"):
+        from gtpo.data import SYSTEM_PROMPT
+
+        return [f"{SYSTEM_PROMPT}\n{p}" for p in PROMPTS]
+    return list(PROMPTS)
+
+
+def dataset_rows(spec: dict) -> list[dict]:
+    return [{"prompt": p} for p in prompts(spec)]
+
+
+# ----------------------------------------------------------------------------- models
+def build_bench_model(path: str, *, hidden_size: int = 256, num_layers: int = 4, num_heads: int = 4,
+                      vocab_size: int = 512, completion_length: int = 64, seed: int = 0) -> str:
+    """Write a random Llama (tied embeddings, eos == pad, ChatML tokenizer) to ``path``; reuse it
+    when ``path`` already holds one built with the same arguments.
+
+    ``vocab_size`` above what the tiny BPE tokenizer reaches pads the tokenizer with added tokens
+    ``<|x{i}|>`` so that model and tokenizer agree on V (every sampled id decodes). The
+    generation config forces exactly ``completion_length`` new tokens (``min_new_tokens``).
+    """
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    from gtpo.testing import build_tiny_tokenizer
+
+    marker = os.path.join(path, "bench_model.json")
+    spec = dict(hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, vocab_size=vocab_size,
+                completion_length=completion_length, seed=seed)
+    if os.path.isfile(marker):
+        with open(marker) as fh:
+            if json.load(fh) == spec:
+                return path
+    os.makedirs(path, exist_ok=True)
+    tok = build_tiny_tokenizer(vocab_size=min(vocab_size, 512), eos_equals_pad=True, seed=seed)
+    if len(tok) < vocab_size:
+        tok.add_tokens([f"<|x{i}|>" for i in range(vocab_size - len(tok))])
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=max(1, num_heads // 2),
+        max_position_embeddings=1024, tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        min_new_tokens=completion_length, max_new_tokens=completion_length,
+    )
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    with open(marker, "w") as fh:
+        json.dump(spec, fh)
+    return path
+
+
+def bench_model(spec: dict) -> str:
+    """Build (or reuse) the model of a benchmark spec (keys ``hidden``, ``layers``, ``vocab``,
+    ``length``) under ``$GTPO_BENCH_CACHE`` or the system temp dir."""
+    root = os.environ.get("GTPO_BENCH_CACHE") or os.path.join(tempfile.gettempdir(), "gtpo-bench-models")
+    name = f"llama-h{spec['hidden']}-l{spec['layers']}-v{spec['vocab']}-t{spec['length']}"
+    return build_bench_model(os.path.join(root, name), hidden_size=spec["hidden"], num_layers=spec["layers"],
+                             vocab_size=spec["vocab"], completion_length=spec["length"])
+
+
+def n_params(path: str) -> int:
+    """Number of parameters stored in ``path/model.safetensors`` (tied weights counted once)."""
+    from safetensors import safe_open
+
+    total = 0
+    with safe_open(os.path.join(path, "model.safetensors"), "pt") as fh:
+        for key in fh.keys():
+            count = 1
+            for size in fh.get_slice(key).get_shape():
+                count *= int(size)
+            total += count
+    return total
+
+
+# ----------------------------------------------------------------------------- trainers
+def ours_trainer(path: str, spec: dict, loss_type: str, output_dir: str, *, proposed_diff: bool = False):
+    """This project's trainer: ``prompts_per_step = P``, ``group_size = G``,
+    ``max_completion_length = T``, temperature 1, top_p 1, top_k 0 (off), no KL (beta 0), one
+    update per rollout batch, the whole batch in one micro-batch, no checkpoints or sample logs.
+
+    ``proposed_diff``: apply ``bench/trainer.diff`` (not yet in ``src/gtpo/trainer.py``) to this
+    trainer instance: see :func:`apply_proposed_diff`."""
+    if proposed_diff:
+        return apply_proposed_diff(lambda: ours_trainer(path, spec, loss_type, output_dir))
+    from gtpo import GTPOConfig, GTPOTrainer
+
+    cfg = GTPOConfig(
+        output_dir=output_dir, overwrite_output_dir=True, loss_type=loss_type, group_size=spec["G"],
+        prompts_per_step=spec["P"], max_steps=10**6, max_completion_length=spec["length"], temperature=1.0,
+        top_p=1.0, top_k=0, beta=0.0, num_iterations=1, learning_rate=1e-5, lr_scheduler_type="constant",
+        save_steps=0, log_completions_steps=0, disable_tqdm=True, seed=0, report_to="none",
+    )
+    return GTPOTrainer(path, bench_reward, dataset_rows(spec), args=cfg)
+
+
+def _diff_is_merged() -> bool:
+    import inspect
+
+    import gtpo.trainer as gt
+
+    return "completion_hidden_states" in inspect.getsource(gt.PolicyForward.forward)
+
+
+def apply_proposed_diff(build):
+    """Build a trainer with ``build()`` as if ``bench/trainer.diff`` were applied to
+    ``src/gtpo/trainer.py``: its policy forward computes each group's shared prompt once
+    (``gtpo.rollout.completion_hidden_states``) and its AdamW is the fused kernel. A no-op once
+    the diff is merged. For measuring the diff before it is merged; delete afterwards."""
+    import types
+
+    import torch
+
+    import gtpo.trainer as gt
+    from gtpo.rollout import completion_hidden_states
+
+    if _diff_is_merged():
+        return build()
+
+    def forward(self, input_ids, attention_mask, completion_ids, temperature=1.0):
+        base = self._base()
+        config = base.config
+        if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+            return gt.PolicyForward.forward(self, input_ids, attention_mask, completion_ids, temperature)
+        hidden = completion_hidden_states(base.get_decoder(), input_ids, attention_mask, completion_ids.shape[1])
+        head = base.get_output_embeddings()
+        return gt.token_logprobs_and_entropy(hidden, head.weight, completion_ids, temperature=temperature,
+                                             chunk_size=self.chunk_size, bias=getattr(head, "bias", None))
+
+    adamw = torch.optim.AdamW
+
+    class FusedAdamW(adamw):
+        def __init__(self, params, *args, fused=None, **kwargs):
+            super().__init__(params, *args, fused=True if fused is None else fused, **kwargs)
+
+    torch.optim.AdamW = FusedAdamW
+    try:
+        trainer = build()
+    finally:
+        torch.optim.AdamW = adamw
+    trainer.policy.forward = types.MethodType(forward, trainer.policy)
+    return trainer
+
+
+def trl_trainer(path: str, spec: dict, output_dir: str, max_steps: int, callbacks=()):
+    """TRL's ``GRPOTrainer`` matched to :func:`ours_trainer`.
+
+    One optimizer step consumes ``P * G`` completions of ``P`` prompts:
+    ``per_device_train_batch_size = generation_batch_size = P * G`` (TRL counts completions),
+    ``num_generations = G``, ``gradient_accumulation_steps = 1`` (so ``steps_per_generation = 1``
+    and, with ``num_iterations = 1``, TRL computes no old log-probs: one forward per step, like
+    ours). ``beta = 0`` (no reference model), ``loss_type = "grpo"``, ``scale_rewards = "group"``,
+    temperature 1, ``top_p = 1``, ``top_k = 0`` (TRL's default is also 0 = off), no vLLM
+    (transformers ``generate``), ``max_completion_length = T``; logging, saving, evaluation,
+    completion logging and tqdm off; CPU. Two of ``GRPOConfig``'s defaults differ from
+    ``TrainingArguments`` and from ours and are set back explicitly: ``bf16`` (TRL defaults to
+    True, i.e. bf16 autocast even on CPU) and ``gradient_checkpointing`` (TRL defaults to True):
+    both trainers run fp32 without activation checkpointing, the same arithmetic.
+    """
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    cfg = GRPOConfig(
+        output_dir=output_dir, loss_type="grpo", beta=0.0, num_generations=spec["G"],
+        per_device_train_batch_size=spec["P"] * spec["G"], gradient_accumulation_steps=1, num_iterations=1,
+        max_completion_length=spec["length"], temperature=1.0, top_p=1.0, top_k=0, use_vllm=False,
+        scale_rewards="group", learning_rate=1e-5, lr_scheduler_type="constant", max_steps=max_steps,
+        logging_steps=10**9, save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True,
+        log_completions=False, use_cpu=True, seed=0, dataloader_num_workers=0,
+        bf16=False, fp16=False, gradient_checkpointing=False,
+    )
+    trainer = GRPOTrainer(model=path, reward_funcs=bench_reward, args=cfg,
+                          train_dataset=Dataset.from_list(dataset_rows(spec)))
+    for cb in callbacks:
+        trainer.add_callback(cb)
+    return trainer
+
+
+class Timer:
+    """Context manager appending the elapsed wall time (s) to ``wall`` and, when given, the CPU
+    time of the whole process (all threads, ``time.process_time``) to ``cpu``.
+
+    CPU time is the robust twin of wall time on a shared machine: time spent descheduled while
+    other jobs run is not counted (spin-waiting OpenMP threads still are)."""
+
+    def __init__(self, wall: list, cpu: list | None = None):
+        self.wall, self.cpu = wall, cpu
+
+    def __enter__(self):
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall.append(time.perf_counter() - self.t0)
+        if self.cpu is not None:
+            self.cpu.append(time.process_time() - self.c0)
+        return False
+
+
+# ----------------------------------------------------------------------------- memory
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        return int(re.search(rf"{field}:\s+(\d+)", fh.read()).group(1))
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process."""
+    return _status_kib("VmRSS") * 1024
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size (``VmHWM``) since the process started or the last reset."""
+    return _status_kib("VmHWM") * 1024
+
+
+def peak_rss_reset() -> None:
+    """Reset the peak resident set to the current one (Linux ``clear_refs`` = 5)."""
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+
+
+# ----------------------------------------------------------------------------- processes, printing
+def run_worker(script: str, spec: dict, timeout: float = 1800) -> dict:
+    """Run ``script --worker '<json spec>'`` in a fresh interpreter; return its last JSON line."""
+    env = dict(os.environ)
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    cmd = [sys.executable, script, "--worker", json.dumps(spec)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"worker {spec} failed ({out.returncode}):\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def set_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def median(values) -> float:
+    values = list(values)
+    return statistics.median(values) if values else float("nan")
+
+
+def fmt(x, digits: int = 3) -> str:
+    return x if isinstance(x, str) else f"{x:.{digits}g}"
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    """Rows of strings/numbers as an aligned plain-text table."""
+    cells = [[str(c) for c in header]] + [[fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    """CPU count, CPU model, RAM and library versions in one line."""
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = re.search(r"model name\s*:\s*(.+)", fh.read()).group(1).strip()
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/meminfo") as fh:
+            kib = int(re.search(r"MemTotal:\s+(\d+)", fh.read()).group(1))
+        ram = f"{kib / 2**20:.0f} GiB RAM"
+    except (OSError, AttributeError):
+        ram = "unknown RAM"
+    try:
+        load = "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        load = ""
+    import torch
+    import transformers
+
+    return (f"{os.cpu_count()} CPUs ({cpu}), {ram}, torch {torch.__version__}, transformers "
+            f"{transformers.__version__}; {load}")

@@ -1,0 +1,261 @@
+"""Tests of the optimised paths the benchmarks measure (``gtpo.rollout``: one prompt prefill per
+group in ``generate``, one prompt forward per group in ``completion_hidden_states``).
+
+Run with ``pytest bench/test_fast_paths.py -q`` (kept next to the benchmarks; the lead may move
+it to ``tests/``). Every fast path is compared with the plain computation it replaces, on tiny
+random Llama (EOS == PAD) and Qwen2 (separate PAD) models with left-padded prompts of different
+lengths and right-padded completions.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from gtpo.rollout import completion_hidden_states, generate, prompt_groups  # noqa: E402
+
+PROMPTS = ["What is 1 + 2?", "hi", "What is 12 + 7? think step by step"]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def model_and_tokenizer(request, tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gtpo.testing import build_tiny_model
+
+    arch = request.param
+    path = build_tiny_model(tmp_path_factory.mktemp(arch), arch=arch, eos_equals_pad=arch == "llama", seed=3)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+class CallShapes:
+    """Records the ``input_ids`` shape of every call of a module (forward pre-hook)."""
+
+    def __init__(self, module):
+        self.shapes = []
+        self.handle = module.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs):
+        self.shapes.append(tuple(kwargs["input_ids"].shape))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+# ----------------------------------------------------------------------------- prompt_groups
+def test_prompt_groups_golden():
+    # rows a a b b b c (prompt-major, G varies at the edges like a micro-batch cut)
+    a, b, c = [5, 6, 7], [0, 8, 9], [1, 2, 3]
+    ids = torch.tensor([a, a, b, b, b, c])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 1], [0, 1, 1], [0, 1, 1], [0, 1, 1], [1, 1, 1]])
+    first, inverse = prompt_groups(ids, mask)
+    assert first.tolist() == [0, 2, 5]
+    assert inverse.tolist() == [0, 0, 1, 1, 1, 2]
+    assert torch.equal(ids[first][inverse], ids)
+
+
+def test_prompt_groups_none_when_nothing_is_shared():
+    ids = torch.tensor([[1, 2], [1, 3], [1, 2]])  # equal rows that are not consecutive are not merged
+    assert prompt_groups(ids, torch.ones_like(ids)) is None
+    assert prompt_groups(ids[:1], torch.ones_like(ids[:1])) is None
+
+
+def test_prompt_groups_compare_masks_too():
+    # the same ids with different masks are different prompts (EOS == PAD: a real token may equal the pad id)
+    ids = torch.tensor([[2, 5], [2, 5]])
+    assert prompt_groups(ids, torch.tensor([[1, 1], [0, 1]])) is None
+
+
+# ----------------------------------------------------------------------------- training forward
+def _batch(model, tokenizer, g=3, t=7, seed=0):
+    """Prompt-major rows of 3 prompts x g completions; completion 1 of prompt 0 ends early (EOS)."""
+    from gtpo.rollout import left_pad
+
+    rows = [tokenizer(p)["input_ids"] for p in PROMPTS for _ in range(g)]
+    prompt_ids, prompt_mask = left_pad(rows, tokenizer.pad_token_id)
+    gen = torch.Generator().manual_seed(seed)
+    completion = torch.randint(3, model.config.vocab_size, (len(rows), t), generator=gen)
+    completion_mask = torch.ones_like(completion)
+    completion[1, 2] = tokenizer.eos_token_id
+    completion[1, 3:] = tokenizer.pad_token_id
+    completion_mask[1, 3:] = 0
+    ids = torch.cat([prompt_ids, completion], dim=1)
+    mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    return ids, mask, completion_mask.bool(), t
+
+
+def _hidden_and_grads(model, fn):
+    model.zero_grad(set_to_none=True)
+    hidden = fn()
+    weights = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(1), dtype=hidden.dtype)
+    (hidden * weights).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return hidden.detach(), grads
+
+
+def test_shared_prompt_forward_equals_the_full_forward(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    model.train()
+    decoder = model.get_decoder()
+    ids, mask, cmask, t = _batch(model, tokenizer)
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+
+    def reference():  # what the trainer's PolicyForward computed: the full forward, sliced
+        out = decoder(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
+        return out.last_hidden_state[:, -t - 1:-1] * cmask[..., None]
+
+    with CallShapes(decoder) as calls:
+        h_shared, g_shared = _hidden_and_grads(
+            model, lambda: completion_hidden_states(decoder, ids, mask, t) * cmask[..., None])
+    s = ids.shape[1] - t
+    assert calls.shapes == [(3, s - 1), (9, t)]  # one prompt forward per group, then every row
+    h_ref, g_ref = _hidden_and_grads(model, reference)
+    h_plain, g_plain = _hidden_and_grads(
+        model, lambda: completion_hidden_states(decoder, ids, mask, t, share_prompts=False) * cmask[..., None])
+    # float64 everywhere except transformers' RMSNorm, which computes in float32 for any input
+    # dtype: values agree to float64 rounding; gradients differ by summation order (index-select
+    # backward vs per-row GEMMs, ~1e-16) rounded to float32 at each norm, i.e. ~1e-7 relative
+    torch.testing.assert_close(h_shared, h_ref, rtol=0, atol=1e-10)
+    torch.testing.assert_close(h_plain, h_ref, rtol=0, atol=1e-10)
+    assert g_shared.keys() == g_ref.keys() == g_plain.keys()
+    for name, ref in g_ref.items():
+        assert ref.norm() > 0, name
+        assert (g_shared[name] - ref).norm() <= 1e-6 * ref.norm(), name
+        assert (g_plain[name] - ref).norm() <= 1e-6 * ref.norm(), name
+    # the last layer's parameters sit before any float32 rounding of the gradient: float64 agreement
+    last = [n for n in g_ref if f"layers.{model.config.num_hidden_layers - 1}." in n]
+    assert last
+    for name in last:
+        assert (g_shared[name] - g_ref[name]).norm() <= 1e-12 * g_ref[name].norm(), name
+
+
+def test_shared_prompt_forward_on_a_micro_batch_that_cuts_groups(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    model.eval()
+    decoder = model.get_decoder()
+    ids, mask, cmask, t = _batch(model, tokenizer)
+    rows = slice(2, 8)  # the last row of group 0, all of group 1, two rows of group 2
+    with torch.no_grad(), CallShapes(decoder) as calls:
+        shared = completion_hidden_states(decoder, ids[rows], mask[rows], t)
+        plain = completion_hidden_states(decoder, ids[rows], mask[rows], t, share_prompts=False)
+    assert calls.shapes[0][0] == 3  # three runs of identical prompts in the six rows
+    m = cmask[rows][..., None]
+    torch.testing.assert_close(shared * m, plain * m, rtol=0, atol=1e-10)
+
+
+def test_shared_prompt_forward_falls_back_where_sharing_is_not_exact(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    decoder = model.get_decoder()
+    ids, mask, _, t = _batch(model, tokenizer)
+    model.eval()
+    with torch.no_grad(), CallShapes(decoder) as calls:
+        completion_hidden_states(decoder, ids, mask, t, share_prompts=False)  # switched off
+        completion_hidden_states(decoder, ids[::3], mask[::3], t)  # no two rows share a prompt
+    assert [n for n, _ in calls.shapes] == [9, 3]
+    model.train()
+    dropout_before = model.config.attention_dropout
+    model.config.attention_dropout = 0.1  # active dropout: one mask per row, sharing would change it
+    try:
+        with CallShapes(decoder) as calls:
+            completion_hidden_states(decoder, ids, mask, t)
+        assert [n for n, _ in calls.shapes] == [9]
+    finally:
+        model.config.attention_dropout = dropout_before
+    # transformers >= 5.2x renamed gradient checkpointing to activation checkpointing
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        disable = model.activation_checkpointing_disable
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        disable = model.gradient_checkpointing_disable
+    try:
+        with CallShapes(decoder) as calls:
+            completion_hidden_states(decoder, ids, mask, t)
+        assert [n for n, _ in calls.shapes] == [9]
+    finally:
+        disable()
+    model.eval()
+
+
+def test_completion_hidden_states_errors(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    decoder = model.get_decoder()
+    ids, mask, _, t = _batch(model, tokenizer)
+    with pytest.raises(ValueError, match="completion_length"):
+        completion_hidden_states(decoder, ids, mask, ids.shape[1])  # no prompt token left
+    with pytest.raises(ValueError, match="completion_length"):
+        completion_hidden_states(decoder, ids, mask, 0)
+    with pytest.raises(ValueError, match="attention_mask"):
+        completion_hidden_states(decoder, ids, mask[:, 1:], t)
+
+
+# ----------------------------------------------------------------------------- generation
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_generate_with_a_shared_prefill_samples_the_same_tokens(model_and_tokenizer, do_sample):
+    model, tokenizer = model_and_tokenizer
+    decoder = model.get_decoder()
+    out = {}
+    for share in (True, False):
+        torch.manual_seed(7)
+        with CallShapes(decoder) as calls:
+            out[share] = generate(model, tokenizer, PROMPTS, num_samples=3, max_new_tokens=6, do_sample=do_sample,
+                                  share_prompt_prefill=share)
+        out[share, "calls"] = calls.shapes
+    s = out[True].prompt_ids.shape[1]
+    assert out[True, "calls"][:2] == [(3, s - 1), (9, 1)]  # one prefill per prompt, then the last prompt token
+    assert out[False, "calls"][0] == (9, s)
+    # the same distribution, computed the same way up to float rounding: the same tokens for the same seed
+    assert torch.equal(out[True].completion_ids, out[False].completion_ids)
+    assert torch.equal(out[True].completion_mask, out[False].completion_mask)
+    assert out[True].texts == out[False].texts
+
+
+def test_generate_returns_normal_tensors_usable_by_autograd(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    rollout = generate(model, tokenizer, PROMPTS[:2], num_samples=2, max_new_tokens=4)
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated"):
+        assert not getattr(rollout, name).is_inference(), name
+    # completion ids are saved for backward by the chunked LM head: that must work
+    from gtpo.ops import token_logprobs_and_entropy
+
+    hidden = torch.randn(*rollout.completion_ids.shape, model.config.hidden_size, dtype=torch.float64,
+                         requires_grad=True)
+    logp, _ = token_logprobs_and_entropy(hidden, model.get_output_embeddings().weight, rollout.completion_ids)
+    logp.sum().backward()
+    assert hidden.grad is not None
+
+
+# ----------------------------------------------------------------------------- sampling settings
+def _ranks_of_sampled_tokens(model, rollout):
+    """Rank (0 = most likely) of every sampled token under the model's full distribution."""
+    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+    mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
+    t = rollout.completion_ids.shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, -t - 1:-1]  # (N, T, V)
+    chosen = logits.gather(-1, rollout.completion_ids[..., None])  # (N, T, 1)
+    ranks = (logits > chosen).sum(-1)  # (N, T)
+    return ranks[rollout.completion_mask.bool()]
+
+
+def test_top_k_zero_samples_from_the_full_vocabulary(model_and_tokenizer):
+    # top_k=0 means "off". Left unset, transformers would fill in its default top_k=50: with a
+    # near-uniform random model over 512 tokens, ~90 % of sampled tokens rank beyond 50, so 54
+    # samples all within the top 50 would happen with probability ~1e-54.
+    model, tokenizer = model_and_tokenizer
+    torch.manual_seed(0)
+    rollout = generate(model, tokenizer, PROMPTS, num_samples=3, max_new_tokens=6, top_k=0)
+    assert int(_ranks_of_sampled_tokens(model, rollout).max()) >= 50
+    torch.manual_seed(0)
+    rollout = generate(model, tokenizer, PROMPTS, num_samples=3, max_new_tokens=6, top_k=5)
+    assert int(_ranks_of_sampled_tokens(model, rollout).max()) < 5

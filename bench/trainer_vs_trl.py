@@ -1,0 +1,225 @@
+"""Benchmark: this project's trainer against TRL's ``GRPOTrainer``: step time, tokens/s, peak RSS.
+
+Both trainers train the same tiny random Llama (``--hidden 256 --layers 4 --vocab 512``, 2.5 M
+parameters; ``--vocab 49152`` for SmolLM2's vocabulary size) on the same 8 prompts (40-49
+tokens; ``--paper-prompts``: ~140 tokens, each prefixed with the GTPO paper's system prompt) with
+the same cheap reward, ``P = 2`` prompts x ``G = 8`` completions per optimizer step, ``T = 64``
+sampled tokens each (temperature 1, top_p 1, top_k off, transformers ``generate``, no vLLM), no
+KL (``beta = 0``, no reference model), one update per batch, fp32, no activation checkpointing,
+``--threads 2``. Every completion has exactly T tokens: the model's generation config sets
+``min_new_tokens = max_new_tokens = T``, which both trainers' ``generate`` calls inherit (they
+leave that field unset), so both process the same tokens per step. TRL's settings are in
+``common.trl_trainer`` (its ``bf16`` and ``gradient_checkpointing`` defaults, True, are set to
+False to match). TRL runs ``loss_type="grpo"`` (it has no GTPO); ours runs ``gtpo`` and ``grpo``.
+
+Timing: ONE process holds the three trainers (ours-gtpo, ours-grpo, TRL) and interleaves their
+steps: TRL's own ``train()`` loop drives, and a callback runs one step of each of our trainers
+before or after each TRL step, in alternating order, so drifts of the machine's load hit all
+three alike. A TRL step is timed from its ``on_step_begin`` to its ``on_step_end`` callback
+(generation, scoring, forward, backward, clipping, optimizer and scheduler step); ours around
+``GTPOTrainer.step()`` (the same work plus its metrics). The first ``--warmup`` steps of each are
+dropped. The goal uses the median over rounds of the paired ratio ours/TRL (the two steps of a
+round run back to back, under the same load: a burst of load from another job inflates both,
+and a burst hitting one side only is an outlier the median ignores); also printed are the ratio
+of the medians, for wall time and for the process's CPU time (``time.process_time``, all
+threads: insensitive to time spent descheduled by other jobs), and the minimum. The project's machines are shared: other jobs use the same 2 cores, single steps
+vary by 2x or more, 2-thread kernels stall when a core is taken; only same-run, interleaved
+ratios mean anything, and absolute times do not carry across runs.
+
+Memory: each trainer then runs alone in a fresh process (``--memory-steps``, the last one
+measured); printed are the process's peak RSS (``VmHWM``: libraries, model, optimizer and the
+steps) and the peak growth of its last step over the RSS just before it
+(``/proc/self/clear_refs`` resets the peak).
+
+Goal: step time ours/TRL <= 0.8 in GTPO mode; ``--check`` exits 1 when it is missed.
+``--proposed-diff`` runs our trainer as if ``bench/trainer.diff`` were applied.
+
+Usage: ``python bench/trainer_vs_trl.py [--steps 10] [--warmup 2] [--paper-prompts] [--vocab 512]
+[--proposed-diff] [--check]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+GOAL = 0.8
+OURS = ("gtpo", "grpo")
+
+
+# ----------------------------------------------------------------------------- workers
+def interleaved_worker(spec: dict) -> dict:
+    """Steps of ours-gtpo, ours-grpo and TRL interleaved in this process: times and tokens."""
+    from transformers import TrainerCallback
+
+    common.set_threads(spec["threads"])
+    path = common.bench_model(spec)
+    tmp = tempfile.mkdtemp(prefix="gtpo-bench-")
+    n_rows = spec["P"] * spec["G"]
+    diff = spec.get("proposed_diff", False)
+    ours = {lt: common.ours_trainer(path, spec, lt, os.path.join(tmp, f"ours-{lt}"), proposed_diff=diff) for lt in OURS}
+    times: dict[str, list[float]] = {"trl": [], **{lt: [] for lt in OURS}}
+    cpu: dict[str, list[float]] = {k: [] for k in times}
+    tokens: dict[str, list[float]] = {k: [] for k in times}
+    holder = {}
+
+    def run_ours(k: int) -> None:
+        for lt in (OURS if k % 4 < 2 else OURS[::-1]):
+            with common.Timer(times[lt], cpu[lt]):
+                metrics = ours[lt].step()
+            tokens[lt].append(metrics["completion_length/mean"] * n_rows)
+
+    class Interleave(TrainerCallback):
+        k = 0
+
+        def on_step_begin(self, args, state, control, **kw):
+            if self.k % 2 == 1:
+                run_ours(self.k)
+            self.timer = common.Timer(times["trl"], cpu["trl"]).__enter__()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.timer.__exit__(None, None, None)
+            lengths = holder["trl"]._metrics["train"]["completions/mean_length"]
+            tokens["trl"].append(lengths[-1] * n_rows)
+            if self.k % 2 == 0:
+                run_ours(self.k)
+            self.k += 1
+
+    steps = spec["warmup"] + spec["steps"]
+    holder["trl"] = common.trl_trainer(path, spec, os.path.join(tmp, "trl"), steps, callbacks=[Interleave()])
+    holder["trl"].train()
+    return {"times": times, "cpu": cpu, "tokens": tokens, "params": common.n_params(path)}
+
+
+def memory_worker(spec: dict) -> dict:
+    """One trainer alone: peak RSS of the process and peak growth of its last step."""
+    from transformers import TrainerCallback
+
+    common.set_threads(spec["threads"])
+    path = common.bench_model(spec)
+    tmp = tempfile.mkdtemp(prefix="gtpo-bench-")
+    steps = spec["memory_steps"]
+    out: dict[str, float] = {}
+    if spec["kind"] == "trl":
+        class LastStepPeak(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):
+                if state.global_step == steps - 1:
+                    common.peak_rss_reset()
+                    out["before"] = common.rss_bytes()
+
+            def on_step_end(self, args, state, control, **kw):
+                if state.global_step == steps:
+                    out["step_peak"] = common.peak_rss_bytes()
+
+        # the process peak is read after train(): reset nothing before the last step's reset
+        process_peak = []
+
+        class ProcessPeak(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):
+                if state.global_step == steps - 1:
+                    process_peak.append(common.peak_rss_bytes())
+
+        trainer = common.trl_trainer(path, spec, os.path.join(tmp, "trl"), steps,
+                                     callbacks=[ProcessPeak(), LastStepPeak()])
+        trainer.train()
+        out["process_peak"] = max(process_peak[0], out["step_peak"])
+    else:
+        trainer = common.ours_trainer(path, spec, spec["kind"], os.path.join(tmp, "ours"),
+                                      proposed_diff=spec.get("proposed_diff", False))
+        for _ in range(steps - 1):
+            trainer.step()
+        process_peak = common.peak_rss_bytes()
+        common.peak_rss_reset()
+        out["before"] = common.rss_bytes()
+        trainer.step()
+        out["step_peak"] = common.peak_rss_bytes()
+        out["process_peak"] = max(process_peak, out["step_peak"])
+    out["step_growth"] = out["step_peak"] - out["before"]
+    return out
+
+
+# ----------------------------------------------------------------------------- driver
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per trainer (after warm-up)")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up steps per trainer (not measured)")
+    parser.add_argument("--prompts", type=int, default=2, help="P, prompts per step")
+    parser.add_argument("--group", type=int, default=8, help="G, completions per prompt")
+    parser.add_argument("--length", type=int, default=64, help="T, tokens per completion (forced)")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--memory-steps", type=int, default=2, help="steps of each memory run (0: skip memory)")
+    parser.add_argument("--paper-prompts", action="store_true",
+                        help="prefix every prompt with the GTPO paper's system prompt (~140 tokens instead of 40-49)")
+    parser.add_argument("--proposed-diff", action="store_true",
+                        help="our trainer as if bench/trainer.diff were applied (no-op once it is merged)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when the goal is missed")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        spec = json.loads(args.worker)
+        print(json.dumps(interleaved_worker(spec) if spec["mode"] == "interleaved" else memory_worker(spec)))
+        return 0
+
+    spec = dict(P=args.prompts, G=args.group, length=args.length, hidden=args.hidden, layers=args.layers,
+                vocab=args.vocab, threads=args.threads, steps=args.steps, warmup=args.warmup,
+                memory_steps=args.memory_steps,
+                proposed_diff=args.proposed_diff, paper_prompts=args.paper_prompts)
+    print(common.machine())
+    common.bench_model(spec)  # build once, outside the timed processes
+    res = common.run_worker(__file__, {**spec, "mode": "interleaved"})
+    print(f"model: Llama, {res['params'] / 1e6:.2f} M parameters, hidden {args.hidden}, {args.layers} layers, "
+          f"vocab {args.vocab}; P={args.prompts} x G={args.group} completions x T={args.length} tokens per step, "
+          f"{args.threads} threads; {args.warmup} warm-up + {args.steps} measured steps each, interleaved")
+    w = args.warmup
+    med = {k: common.median(v[w:]) for k, v in res["times"].items()}
+    cpu = {k: common.median(v[w:]) for k, v in res["cpu"].items()}
+    tok = {k: common.median(v[w:]) for k, v in res["tokens"].items()}
+    for k, v in res["times"].items():
+        print(f"  {k:5s} step wall times (s): " + " ".join(f"{x:.2f}" for x in v))
+
+    # ratio of the steps run next to each other (same round, same load), median over rounds:
+    # robust to bursts of load that span a few steps
+    paired = {k: common.median(a / b for a, b in zip(res["times"][k][w:], res["times"]["trl"][w:]))
+              for k in res["times"]}
+
+    mem = {}
+    if args.memory_steps > 0:
+        for kind in ("trl", *OURS):
+            mem[kind] = common.run_worker(__file__, {**spec, "mode": "memory", "kind": kind})
+
+    names = {"gtpo": "ours (gtpo)", "grpo": "ours (grpo)", "trl": "TRL GRPOTrainer (grpo)"}
+    rows = []
+    for k in (*OURS, "trl"):
+        row = [names[k], f"{med[k]:.3f}", f"{min(res['times'][k][w:]):.3f}", f"{cpu[k]:.3f}",
+               f"{tok[k] / med[k]:.0f}", f"{med[k] / med['trl']:.3f}", f"{cpu[k] / cpu['trl']:.3f}", f"{paired[k]:.3f}"]
+        if mem:
+            row += [f"{mem[k]['process_peak'] / 2**20:.0f}", f"{mem[k]['step_growth'] / 2**20:.0f}"]
+        rows.append(row)
+    header = ["trainer", "median step s", "min step s", "median CPU s", "tokens/s", "ours/TRL wall", "ours/TRL CPU",
+              "paired ours/TRL"]
+    if mem:
+        header += ["peak RSS MiB", "step peak growth MiB"]
+    print(common.table(header, rows))
+    ratio = {k: med[k] / med["trl"] for k in OURS}
+    print(f"step time ours/TRL, GTPO mode: {paired['gtpo']:.3f} (median of paired ratios; goal <= {GOAL}); ratio "
+          f"of medians {ratio['gtpo']:.3f}, of median CPU times {cpu['gtpo'] / cpu['trl']:.3f}")
+    print(f"step time ours/TRL, GRPO mode: {paired['grpo']:.3f} (median of paired ratios); ratio of medians "
+          f"{ratio['grpo']:.3f}, of median CPU times {cpu['grpo'] / cpu['trl']:.3f}")
+    ok = paired["gtpo"] <= GOAL
+    if args.check and not ok:
+        print("GOAL MISSED")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
