@@ -181,7 +181,11 @@ class GTPOConfig:
     generation_batch_size: int | None = _f(
         None, "Completions generated per generate() call; None generates the whole rollout batch at once."
     )
-    use_vllm: bool = _f(False, "Generate with vLLM (optional extra, GPU); off by default.")
+    use_vllm: bool = _f(
+        False,
+        "Generate with vLLM. Not available in this version (generation uses transformers generate); "
+        "setting it to true is refused with an error rather than silently ignored.",
+    )
 
     # ------------------------------------------------------------------ optimisation
     learning_rate: float = _f(1e-6, "Peak learning rate of AdamW. [C] 1e-6 (LoRA r=128).")
@@ -365,6 +369,11 @@ class GTPOConfig:
             raise ValueError(
                 "GTPOConfig.loss_aggregation applies to grpo/dr_grpo/dapo; GTPO uses completion_reduction "
                 f"and divide_by_conflict_count instead, got loss_aggregation={self.loss_aggregation!r}"
+            )
+        if self.use_vllm:
+            raise ValueError(
+                "GTPOConfig.use_vllm: vLLM generation is not available in this version of gtpo; "
+                "set use_vllm to false (generation uses transformers generate)"
             )
         bad = [t for t in self.report_to if t not in REPORT_TARGETS]
         if bad:
