@@ -264,6 +264,16 @@ class Timer:
         return False
 
 
+def scratch_dir() -> str:
+    """A fresh temporary directory for a worker's trainer output, removed when the process exits."""
+    import atexit
+    import shutil
+
+    path = tempfile.mkdtemp(prefix="gtpo-bench-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 # ----------------------------------------------------------------------------- memory
 def _status_kib(field: str) -> int:
     with open("/proc/self/status") as fh:

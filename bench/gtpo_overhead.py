@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +49,7 @@ def worker(spec: dict) -> dict:
 
     common.set_threads(spec["threads"])
     path = common.bench_model(spec)
-    tmp = tempfile.mkdtemp(prefix="gtpo-bench-")
+    tmp = common.scratch_dir()
     diff = spec.get("proposed_diff", False)
     trainers = {lt: common.ours_trainer(path, spec, lt, os.path.join(tmp, lt), proposed_diff=diff)
                 for lt in ("gtpo", "grpo")}
@@ -165,8 +164,9 @@ def main(argv=None) -> int:
         "conflict_weights": (rep["conflict_weights"], in_step["conflict_weights"]),
         "conflict_runs (conflict_frac metric)": (rep["conflict_runs (conflict_frac metric)"], in_step["conflict_runs"]),
         "weights * mask, conflict_frac": (rep["weights * mask, conflict_frac"], None),
-        "GTPO loss - GRPO loss (filter, shaping; fwd+bwd)":
-            (max(0.0, rep["gtpo loss (fwd+bwd)"] - rep["grpo loss (fwd+bwd)"]), None),
+        "GTPO loss - GRPO loss (filter, shaping; fwd+bwd)":  # median of the paired differences
+            (common.median(a - b for a, b in zip(res["replay"]["gtpo loss (fwd+bwd)"],
+                                                 res["replay"]["grpo loss (fwd+bwd)"])), None),
         "entropy in the LM-head kernel": (rep["entropy in the LM-head kernel"], None),
     }
     total = sum(v for v, _ in comp.values())

@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -51,7 +50,7 @@ def worker(spec: dict) -> dict:
 
     common.set_threads(spec["threads"])
     path = common.bench_model(spec)
-    tmp = tempfile.mkdtemp(prefix="gtpo-bench-")
+    tmp = common.scratch_dir()
     trainer = common.ours_trainer(path, spec, spec["loss_type"], os.path.join(tmp, "ours"),
                                   proposed_diff=spec.get("proposed_diff", False))
 

@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -55,7 +54,7 @@ def worker(spec: dict) -> dict:
             return naive_token_logprobs_and_entropy(hidden, weight, targets, temperature=temperature, bias=bias)
 
         gt.token_logprobs_and_entropy = full_logits
-    out_dir = os.path.join(tempfile.mkdtemp(prefix="gtpo-bench-"), "run")
+    out_dir = os.path.join(common.scratch_dir(), "run")
     diff = spec.get("proposed_diff", False)
     trainer = common.ours_trainer(path, spec, spec["loss_type"], out_dir, proposed_diff=diff)
     trainer.step()  # warm-up: optimizer state, kernels, allocator

@@ -22,9 +22,10 @@ dropped. The goal uses the median over rounds of the paired ratio ours/TRL (the 
 round run back to back, under the same load: a burst of load from another job inflates both,
 and a burst hitting one side only is an outlier the median ignores); also printed are the ratio
 of the medians, for wall time and for the process's CPU time (``time.process_time``, all
-threads: insensitive to time spent descheduled by other jobs), and the minimum. The project's machines are shared: other jobs use the same 2 cores, single steps
-vary by 2x or more, 2-thread kernels stall when a core is taken; only same-run, interleaved
-ratios mean anything, and absolute times do not carry across runs.
+threads: insensitive to time spent descheduled by other jobs), and the minimum. The project's
+machines are shared: other jobs use the same 2 cores, single steps vary by 2x or more, 2-thread
+kernels stall when a core is taken; only same-run, interleaved ratios mean anything, and
+absolute times do not carry across runs.
 
 Memory: each trainer then runs alone in a fresh process (``--memory-steps``, the last one
 measured); printed are the process's peak RSS (``VmHWM``: libraries, model, optimizer and the
@@ -44,7 +45,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -60,7 +60,7 @@ def interleaved_worker(spec: dict) -> dict:
 
     common.set_threads(spec["threads"])
     path = common.bench_model(spec)
-    tmp = tempfile.mkdtemp(prefix="gtpo-bench-")
+    tmp = common.scratch_dir()
     n_rows = spec["P"] * spec["G"]
     diff = spec.get("proposed_diff", False)
     ours = {lt: common.ours_trainer(path, spec, lt, os.path.join(tmp, f"ours-{lt}"), proposed_diff=diff) for lt in OURS}
@@ -103,7 +103,7 @@ def memory_worker(spec: dict) -> dict:
 
     common.set_threads(spec["threads"])
     path = common.bench_model(spec)
-    tmp = tempfile.mkdtemp(prefix="gtpo-bench-")
+    tmp = common.scratch_dir()
     steps = spec["memory_steps"]
     out: dict[str, float] = {}
     if spec["kind"] == "trl":
