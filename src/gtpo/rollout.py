@@ -181,7 +181,8 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[
     n = prompt_ids.shape[0]
     if n < 2 or prompt_ids.shape[1] == 0:
         return None
-    same = (prompt_ids[1:] == prompt_ids[:-1]).all(dim=1) & (prompt_mask[1:] == prompt_mask[:-1]).all(dim=1)  # (N-1,)
+    same_ids = (prompt_ids[1:] == prompt_ids[:-1]).all(dim=1)  # (N-1,) row i+1 equals row i
+    same = same_ids & (prompt_mask[1:] == prompt_mask[:-1]).all(dim=1)  # (N-1,)
     starts = torch.cat([torch.ones(1, dtype=torch.bool, device=same.device), ~same])  # (N,) a run starts here
     first = starts.nonzero().squeeze(1)  # (U,)
     if first.shape[0] == n:

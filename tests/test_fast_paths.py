@@ -1,8 +1,7 @@
 """Tests of the optimised paths the benchmarks measure (``gtpo.rollout``: one prompt prefill per
 group in ``generate``, one prompt forward per group in ``completion_hidden_states``).
 
-Run with ``pytest bench/test_fast_paths.py -q`` (kept next to the benchmarks; the lead may move
-it to ``tests/``). Every fast path is compared with the plain computation it replaces, on tiny
+Every fast path is compared with the plain computation it replaces, on tiny
 random Llama (EOS == PAD) and Qwen2 (separate PAD) models with left-padded prompts of different
 lengths and right-padded completions.
 """
@@ -259,3 +258,38 @@ def test_top_k_zero_samples_from_the_full_vocabulary(model_and_tokenizer):
     torch.manual_seed(0)
     rollout = generate(model, tokenizer, PROMPTS, num_samples=3, max_new_tokens=6, top_k=5)
     assert int(_ranks_of_sampled_tokens(model, rollout).max()) < 5
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_policy_forward_equals_full_logits(model_and_tokenizer, lora):
+    # the trainer's forward (shared prompt prefix + chunked head) against log_softmax of the full
+    # (N, S+T, V) logits of the plain model call, for values and LoRA/base gradients
+    from gtpo.trainer import PolicyForward
+
+    model, tokenizer = model_and_tokenizer
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(
+            model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    model.train()
+    ids, mask, cmask, t = _batch(model, tokenizer)
+    completion = ids[:, -t:]
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        logp, entropy = PolicyForward(model, chunk_size=7)(ids, mask, completion, temperature=0.7)
+        g_fast = torch.autograd.grad((logp * cmask).sum(), params)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits[:, -t - 1:-1]
+        logp_all = torch.log_softmax(logits.double() / 0.7, dim=-1)
+        ref = logp_all.gather(-1, completion.unsqueeze(-1)).squeeze(-1)
+        ref_h = -(logp_all.exp() * logp_all).sum(-1)
+        g_ref = torch.autograd.grad((ref * cmask).sum(), params)
+    finally:
+        if lora:
+            model.unload()
+    torch.testing.assert_close(logp * cmask, ref * cmask, rtol=0, atol=1e-9)
+    torch.testing.assert_close(entropy * cmask, ref_h.detach() * cmask, rtol=0, atol=1e-9)
+    assert not entropy.requires_grad
+    for a, b in zip(g_fast, g_ref):
+        assert (a - b).norm() <= 1e-6 * b.norm() + 1e-12
