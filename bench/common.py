@@ -141,15 +141,10 @@ def n_params(path: str) -> int:
 
 
 # ----------------------------------------------------------------------------- trainers
-def ours_trainer(path: str, spec: dict, loss_type: str, output_dir: str, *, proposed_diff: bool = False):
+def ours_trainer(path: str, spec: dict, loss_type: str, output_dir: str):
     """This project's trainer: ``prompts_per_step = P``, ``group_size = G``,
     ``max_completion_length = T``, temperature 1, top_p 1, top_k 0 (off), no KL (beta 0), one
-    update per rollout batch, the whole batch in one micro-batch, no checkpoints or sample logs.
-
-    ``proposed_diff``: apply ``bench/trainer.diff`` (not yet in ``src/gtpo/trainer.py``) to this
-    trainer instance: see :func:`apply_proposed_diff`."""
-    if proposed_diff:
-        return apply_proposed_diff(lambda: ours_trainer(path, spec, loss_type, output_dir))
+    update per rollout batch, the whole batch in one micro-batch, no checkpoints or sample logs."""
     from gtpo import GTPOConfig, GTPOTrainer
 
     cfg = GTPOConfig(
@@ -159,54 +154,6 @@ def ours_trainer(path: str, spec: dict, loss_type: str, output_dir: str, *, prop
         save_steps=0, log_completions_steps=0, disable_tqdm=True, seed=0, report_to="none",
     )
     return GTPOTrainer(path, bench_reward, dataset_rows(spec), args=cfg)
-
-
-def _diff_is_merged() -> bool:
-    import inspect
-
-    import gtpo.trainer as gt
-
-    return "completion_hidden_states" in inspect.getsource(gt.PolicyForward.forward)
-
-
-def apply_proposed_diff(build):
-    """Build a trainer with ``build()`` as if ``bench/trainer.diff`` were applied to
-    ``src/gtpo/trainer.py``: its policy forward computes each group's shared prompt once
-    (``gtpo.rollout.completion_hidden_states``) and its AdamW is the fused kernel. A no-op once
-    the diff is merged. For measuring the diff before it is merged; delete afterwards."""
-    import types
-
-    import torch
-
-    import gtpo.trainer as gt
-    from gtpo.rollout import completion_hidden_states
-
-    if _diff_is_merged():
-        return build()
-
-    def forward(self, input_ids, attention_mask, completion_ids, temperature=1.0):
-        base = self._base()
-        config = base.config
-        if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
-            return gt.PolicyForward.forward(self, input_ids, attention_mask, completion_ids, temperature)
-        hidden = completion_hidden_states(base.get_decoder(), input_ids, attention_mask, completion_ids.shape[1])
-        head = base.get_output_embeddings()
-        return gt.token_logprobs_and_entropy(hidden, head.weight, completion_ids, temperature=temperature,
-                                             chunk_size=self.chunk_size, bias=getattr(head, "bias", None))
-
-    adamw = torch.optim.AdamW
-
-    class FusedAdamW(adamw):
-        def __init__(self, params, *args, fused=None, **kwargs):
-            super().__init__(params, *args, fused=True if fused is None else fused, **kwargs)
-
-    torch.optim.AdamW = FusedAdamW
-    try:
-        trainer = build()
-    finally:
-        torch.optim.AdamW = adamw
-    trainer.policy.forward = types.MethodType(forward, trainer.policy)
-    return trainer
 
 
 def trl_trainer(path: str, spec: dict, output_dir: str, max_steps: int, callbacks=()):

@@ -50,8 +50,7 @@ def worker(spec: dict) -> dict:
     common.set_threads(spec["threads"])
     path = common.bench_model(spec)
     tmp = common.scratch_dir()
-    diff = spec.get("proposed_diff", False)
-    trainers = {lt: common.ours_trainer(path, spec, lt, os.path.join(tmp, lt), proposed_diff=diff)
+    trainers = {lt: common.ours_trainer(path, spec, lt, os.path.join(tmp, lt))
                 for lt in ("gtpo", "grpo")}
     current = {"name": None}
     in_step: dict[str, dict[str, list[float]]] = {lt: {} for lt in trainers}
@@ -136,8 +135,6 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--paper-prompts", action="store_true",
                         help="prefix every prompt with the GTPO paper's system prompt (~140 tokens instead of 40-49)")
-    parser.add_argument("--proposed-diff", action="store_true",
-                        help="our trainer as if bench/trainer.diff were applied (no-op once it is merged)")
     parser.add_argument("--check", action="store_true", help="exit 1 when the goal is missed")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -147,7 +144,7 @@ def main(argv=None) -> int:
 
     spec = dict(P=args.prompts, G=args.group, length=args.length, hidden=args.hidden, layers=args.layers,
                 vocab=args.vocab, threads=args.threads, steps=args.steps, warmup=args.warmup, replays=args.replays,
-                proposed_diff=args.proposed_diff, paper_prompts=args.paper_prompts)
+                paper_prompts=args.paper_prompts)
     print(common.machine())
     common.bench_model(spec)
     res = common.run_worker(__file__, spec)

@@ -51,8 +51,7 @@ def worker(spec: dict) -> dict:
     common.set_threads(spec["threads"])
     path = common.bench_model(spec)
     tmp = common.scratch_dir()
-    trainer = common.ours_trainer(path, spec, spec["loss_type"], os.path.join(tmp, "ours"),
-                                  proposed_diff=spec.get("proposed_diff", False))
+    trainer = common.ours_trainer(path, spec, spec["loss_type"], os.path.join(tmp, "ours"))
 
     # the parts, on their own model and optimizer
     tok = AutoTokenizer.from_pretrained(path)
@@ -124,8 +123,6 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--paper-prompts", action="store_true",
                         help="prefix every prompt with the GTPO paper's system prompt (~140 tokens instead of 40-49)")
-    parser.add_argument("--proposed-diff", action="store_true",
-                        help="our trainer as if bench/trainer.diff were applied (no-op once it is merged)")
     parser.add_argument("--check", action="store_true", help="exit 1 when the goal is missed")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -136,7 +133,7 @@ def main(argv=None) -> int:
     spec = dict(P=args.prompts, G=args.group, length=args.length, hidden=args.hidden, layers=args.layers,
                 vocab=args.vocab, threads=args.threads, steps=args.steps, warmup=args.warmup,
                 loss_type=args.loss_type,
-                proposed_diff=args.proposed_diff, paper_prompts=args.paper_prompts)
+                paper_prompts=args.paper_prompts)
     print(common.machine())
     common.bench_model(spec)
     res = common.run_worker(__file__, spec)

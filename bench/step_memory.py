@@ -55,8 +55,7 @@ def worker(spec: dict) -> dict:
 
         gt.token_logprobs_and_entropy = full_logits
     out_dir = os.path.join(common.scratch_dir(), "run")
-    diff = spec.get("proposed_diff", False)
-    trainer = common.ours_trainer(path, spec, spec["loss_type"], out_dir, proposed_diff=diff)
+    trainer = common.ours_trainer(path, spec, spec["loss_type"], out_dir)
     trainer.step()  # warm-up: optimizer state, kernels, allocator
     common.peak_rss_reset()
     before = common.rss_bytes()
@@ -80,8 +79,6 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--paper-prompts", action="store_true",
                         help="prefix every prompt with the GTPO paper's system prompt (~140 tokens instead of 40-49)")
-    parser.add_argument("--proposed-diff", action="store_true",
-                        help="our trainer as if bench/trainer.diff were applied (no-op once it is merged)")
     parser.add_argument("--check", action="store_true", help="exit 1 when the goal is missed")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -91,7 +88,7 @@ def main(argv=None) -> int:
 
     spec = dict(P=args.prompts, G=args.group, length=args.length, hidden=args.hidden, layers=args.layers,
                 vocab=args.vocab, threads=args.threads, loss_type=args.loss_type,
-                proposed_diff=args.proposed_diff, paper_prompts=args.paper_prompts)
+                paper_prompts=args.paper_prompts)
     print(common.machine())
     common.bench_model(spec)
     n = args.prompts * args.group

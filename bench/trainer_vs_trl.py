@@ -33,10 +33,9 @@ steps) and the peak growth of its last step over the RSS just before it
 (``/proc/self/clear_refs`` resets the peak).
 
 Goal: step time ours/TRL <= 0.8 in GTPO mode; ``--check`` exits 1 when it is missed.
-``--proposed-diff`` runs our trainer as if ``bench/trainer.diff`` were applied.
 
 Usage: ``python bench/trainer_vs_trl.py [--steps 10] [--warmup 2] [--paper-prompts] [--vocab 512]
-[--proposed-diff] [--check]``.
+[--check]``.
 """
 
 from __future__ import annotations
@@ -62,8 +61,7 @@ def interleaved_worker(spec: dict) -> dict:
     path = common.bench_model(spec)
     tmp = common.scratch_dir()
     n_rows = spec["P"] * spec["G"]
-    diff = spec.get("proposed_diff", False)
-    ours = {lt: common.ours_trainer(path, spec, lt, os.path.join(tmp, f"ours-{lt}"), proposed_diff=diff) for lt in OURS}
+    ours = {lt: common.ours_trainer(path, spec, lt, os.path.join(tmp, f"ours-{lt}")) for lt in OURS}
     times: dict[str, list[float]] = {"trl": [], **{lt: [] for lt in OURS}}
     cpu: dict[str, list[float]] = {k: [] for k in times}
     tokens: dict[str, list[float]] = {k: [] for k in times}
@@ -130,8 +128,7 @@ def memory_worker(spec: dict) -> dict:
         trainer.train()
         out["process_peak"] = max(process_peak[0], out["step_peak"])
     else:
-        trainer = common.ours_trainer(path, spec, spec["kind"], os.path.join(tmp, "ours"),
-                                      proposed_diff=spec.get("proposed_diff", False))
+        trainer = common.ours_trainer(path, spec, spec["kind"], os.path.join(tmp, "ours"))
         for _ in range(steps - 1):
             trainer.step()
         process_peak = common.peak_rss_bytes()
@@ -159,8 +156,6 @@ def main(argv=None) -> int:
     parser.add_argument("--memory-steps", type=int, default=2, help="steps of each memory run (0: skip memory)")
     parser.add_argument("--paper-prompts", action="store_true",
                         help="prefix every prompt with the GTPO paper's system prompt (~140 tokens instead of 40-49)")
-    parser.add_argument("--proposed-diff", action="store_true",
-                        help="our trainer as if bench/trainer.diff were applied (no-op once it is merged)")
     parser.add_argument("--check", action="store_true", help="exit 1 when the goal is missed")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -172,7 +167,7 @@ def main(argv=None) -> int:
     spec = dict(P=args.prompts, G=args.group, length=args.length, hidden=args.hidden, layers=args.layers,
                 vocab=args.vocab, threads=args.threads, steps=args.steps, warmup=args.warmup,
                 memory_steps=args.memory_steps,
-                proposed_diff=args.proposed_diff, paper_prompts=args.paper_prompts)
+                paper_prompts=args.paper_prompts)
     print(common.machine())
     common.bench_model(spec)  # build once, outside the timed processes
     res = common.run_worker(__file__, {**spec, "mode": "interleaved"})
