@@ -239,10 +239,13 @@ def nan_forward_at(trainer, steps, *, calls=None):
             count.update(step=step, n=0)
         count["n"] += 1
         if step in steps and (calls is None or count["n"] in calls):
-            return output * float("nan")
+            logp, entropy = output
+            return logp * float("nan"), entropy
         return None
 
-    return trainer.unwrapped_model.model.norm.register_forward_hook(hook)
+    # the trainer's policy forward (PolicyForward: logp (N, T), entropy (N, T)), called once per
+    # training forward; the decoder inside may run more than once (shared-prompt prefix, then the rest)
+    return trainer.accelerator.unwrap_model(trainer.policy).register_forward_hook(hook)
 
 
 def record_steps(trainer):
