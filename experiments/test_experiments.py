@@ -198,3 +198,25 @@ def test_plan_shares_runs_between_claims():
     assert suite.parse_claims(["3", "collapse", "claim7"]) == [suite.CLAIMS[1], suite.CLAIMS[2], suite.CLAIMS[6]]
     with pytest.raises(SystemExit):
         suite.parse_claims(["nope"])
+
+
+def test_learning_rate_settings():
+    """No suffix: the shared rate (no override); +mid: 3x; +stress: 10x; anything else is an error."""
+    from gtpo.cli import parse_overrides
+
+    def lr(run_id):
+        return parse_overrides(suite.train_argv(suite.Run("tiny", run_id, 0, 150))[1:]).get("learning_rate")
+
+    assert lr("gtpo") is None  # tiny.yaml's 1e-4
+    assert lr("gtpo+mid") == pytest.approx(3e-4)
+    assert lr("gtpo_onlyneg+stress") == pytest.approx(1e-3)
+    assert suite.run_label("gtpo+mid") == "GTPO (tau 0.7) [3x lr]"
+    with pytest.raises(ValueError, match="unknown setting 'fast'"):
+        suite.train_argv(suite.Run("tiny", "gtpo+fast", 0, 150))
+
+
+def test_verdicts_cover_every_claim():
+    """experiments/verdicts.yaml has one written verdict per claim (no placeholder left)."""
+    verdicts = suite.load_yaml(suite.VERDICTS)
+    assert sorted(map(str, verdicts)) == sorted(str(c.number) for c in suite.CLAIMS)
+    assert all(isinstance(v, str) and len(v) > 100 for v in verdicts.values())
