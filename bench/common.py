@@ -22,6 +22,7 @@ the project's machines).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -138,6 +139,31 @@ def n_params(path: str) -> int:
                 count *= int(size)
             total += count
     return total
+
+
+# ----------------------------------------------------------------------------- command line
+def add_batch_arguments(parser, *, hidden: int = 256, layers: int = 4, vocab: int = 512) -> None:
+    """The options every trainer benchmark shares: the batch (``--prompts --group --length``), the
+    random model (``--hidden --layers --vocab``), ``--threads``, ``--paper-prompts``, ``--check``
+    and the hidden ``--worker`` (the JSON spec of a fresh measuring process)."""
+    parser.add_argument("--prompts", type=int, default=2, help="P, prompts per step")
+    parser.add_argument("--group", type=int, default=8, help="G, completions per prompt")
+    parser.add_argument("--length", type=int, default=64, help="T, tokens per completion (forced)")
+    parser.add_argument("--hidden", type=int, default=hidden)
+    parser.add_argument("--layers", type=int, default=layers)
+    parser.add_argument("--vocab", type=int, default=vocab)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--paper-prompts", action="store_true",
+                        help="prefix every prompt with the GTPO paper's system prompt (~140 tokens instead of 40-49)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when the goal is missed")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+
+
+def batch_spec(args, **extra) -> dict:
+    """The spec of :func:`add_batch_arguments`'s options (what :func:`bench_model`, :func:`prompts`
+    and the trainers read), plus ``extra``."""
+    return dict(P=args.prompts, G=args.group, length=args.length, hidden=args.hidden, layers=args.layers,
+                vocab=args.vocab, threads=args.threads, paper_prompts=args.paper_prompts, **extra)
 
 
 # ----------------------------------------------------------------------------- trainers

@@ -70,25 +70,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1, help="rounds of (full, chunked), ABBA order")
     parser.add_argument("--loss-type", default="gtpo", choices=["gtpo", "grpo", "dr_grpo", "dapo"])
-    parser.add_argument("--prompts", type=int, default=2)
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--length", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--vocab", type=int, default=49_152)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--paper-prompts", action="store_true",
-                        help="prefix every prompt with the GTPO paper's system prompt (~140 tokens instead of 40-49)")
-    parser.add_argument("--check", action="store_true", help="exit 1 when the goal is missed")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    common.add_batch_arguments(parser, hidden=128, layers=2, vocab=49_152)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return 0
 
-    spec = dict(P=args.prompts, G=args.group, length=args.length, hidden=args.hidden, layers=args.layers,
-                vocab=args.vocab, threads=args.threads, loss_type=args.loss_type,
-                paper_prompts=args.paper_prompts)
+    spec = common.batch_spec(args, loss_type=args.loss_type)
     print(common.machine())
     common.bench_model(spec)
     n = args.prompts * args.group

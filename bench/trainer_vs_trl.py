@@ -146,28 +146,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10, help="measured steps per trainer (after warm-up)")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up steps per trainer (not measured)")
-    parser.add_argument("--prompts", type=int, default=2, help="P, prompts per step")
-    parser.add_argument("--group", type=int, default=8, help="G, completions per prompt")
-    parser.add_argument("--length", type=int, default=64, help="T, tokens per completion (forced)")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--memory-steps", type=int, default=2, help="steps of each memory run (0: skip memory)")
-    parser.add_argument("--paper-prompts", action="store_true",
-                        help="prefix every prompt with the GTPO paper's system prompt (~140 tokens instead of 40-49)")
-    parser.add_argument("--check", action="store_true", help="exit 1 when the goal is missed")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    common.add_batch_arguments(parser)
     args = parser.parse_args(argv)
     if args.worker:
         spec = json.loads(args.worker)
         print(json.dumps(interleaved_worker(spec) if spec["mode"] == "interleaved" else memory_worker(spec)))
         return 0
 
-    spec = dict(P=args.prompts, G=args.group, length=args.length, hidden=args.hidden, layers=args.layers,
-                vocab=args.vocab, threads=args.threads, steps=args.steps, warmup=args.warmup,
-                memory_steps=args.memory_steps,
-                paper_prompts=args.paper_prompts)
+    spec = common.batch_spec(args, steps=args.steps, warmup=args.warmup, memory_steps=args.memory_steps)
     print(common.machine())
     common.bench_model(spec)  # build once, outside the timed processes
     res = common.run_worker(__file__, {**spec, "mode": "interleaved"})

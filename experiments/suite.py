@@ -60,10 +60,12 @@ SFT_CONFIG = "experiments/configs/tiny_sft.yaml"
 METHODS_FILE = os.path.join(CONFIGS, "methods.yaml")
 #: The stressed setting multiplies the shared learning rate by this (same for every method).
 STRESS_LR_FACTOR = 10.0
-#: Learning-rate settings beyond the shared rate, by run-id suffix ("gtpo+mid"): the factor and a label.
-#: "mid" (3x, the rate at which the GRPO pilot's operand probe fell 0.97 -> 0.58 while it still learned
-#: the format) was added for every method of claims 1-6 after the full 10x runs collapsed every method.
-SETTINGS = {"stress": (STRESS_LR_FACTOR, "10x lr"), "mid": (3.0, "3x lr")}
+#: Learning-rate settings beyond the shared rate, by run-id suffix ("gtpo+mid"): the factor, a short
+#: label for run names and the title of their groups. "mid" (3x, the rate at which the GRPO pilot's
+#: operand probe fell 0.97 -> 0.58 while it still learned the format) was added for every method of
+#: claims 1-6 after the full 10x runs collapsed every method.
+SETTINGS = {"mid": (3.0, "3x lr", "Moderate (3x learning rate)"),
+            "stress": (STRESS_LR_FACTOR, "10x lr", "Stressed (10x learning rate)")}
 #: Claim 7's held-out evaluation (the whole 200-problem test split of the tiny task).
 EVAL = dict(n=8, k=[1, 4, 8], maj_k=[4, 8], temperature=1.0, max_new_tokens=64, answer_from="tag")
 #: CPU seconds used for the plan when no run of that model has been measured yet (2 cores, no load).
@@ -103,6 +105,18 @@ class Claim:
 
 TRAIN_COLS = ("reward_first", "reward_last", "accuracy_last", "format_last", "entropy_start", "entropy_end",
               "entropy_max", "heldout_final")
+def tiny_groups(methods: tuple[str, ...], figures: tuple[str, ...], columns: tuple[str, ...],
+                compare: tuple[str, ...], settings: tuple[str, ...] = ("mid", "stress")) -> tuple[Group, ...]:
+    """The same comparison of tiny-model ``methods`` in each learning-rate setting ("normal": the
+    shared rate, or a key of :data:`SETTINGS`), one group each."""
+    return tuple(Group(name, "Shared learning rate" if name == "normal" else SETTINGS[name][2], "tiny",
+                       tuple(m if name == "normal" else f"{m}+{name}" for m in methods), figures, columns, compare)
+                 for name in settings)
+
+
+PROBE_COLS = ("probe_open_tag", "probe_copy_operands", "probe_answer_tags", "probe_close_eos", "probe_min",
+              "conflict_mean", "format_last")
+
 CLAIMS: tuple[Claim, ...] = (
     Claim("shared_tokens", 1, "Shared-token penalization",
           "GRPO gives tokens shared by positive and negative completions of a group (format tags, common "
@@ -112,21 +126,8 @@ CLAIMS: tuple[Claim, ...] = (
           "the opening `<reasoning>` tag after the prompt (`open_tag`), of the operands every completion "
           "copies first (`copy_operands`), of the tags between reasoning and answer (`answer_tags`) and of "
           "`</answer>` + EOS (`close_eos`), each averaged over two held-out prompts, logged every step.",
-          (Group("normal", "Shared learning rate", "tiny", ("gtpo", "grpo"),
-                 ("probes.png", "conflict.png"),
-                 ("probe_open_tag", "probe_copy_operands", "probe_answer_tags", "probe_close_eos", "probe_min",
-                  "conflict_mean", "format_last"),
-                 ("probe_min", "format_last")),
-           Group("mid", "Moderate (3x learning rate)", "tiny", ("gtpo+mid", "grpo+mid"),
-                 ("probes.png", "conflict.png"),
-                 ("probe_open_tag", "probe_copy_operands", "probe_answer_tags", "probe_close_eos", "probe_min",
-                  "conflict_mean", "format_last"),
-                 ("probe_min", "format_last")),
-           Group("stress", "Stressed (10x learning rate)", "tiny", ("gtpo+stress", "grpo+stress"),
-                 ("probes.png", "conflict.png"),
-                 ("probe_open_tag", "probe_copy_operands", "probe_answer_tags", "probe_close_eos", "probe_min",
-                  "conflict_mean", "format_last"),
-                 ("probe_min", "format_last")))),
+          tiny_groups(("gtpo", "grpo"), ("probes.png", "conflict.png"), PROBE_COLS, ("probe_min", "format_last"),
+                      ("normal", "mid", "stress"))),
     Claim("collapse", 2, "Entropy and collapse",
           "Negatively rewarded completions push probability toward unlikely tokens: under GRPO entropy "
           "rises while accuracy and formatting fall (policy collapse); GTPO's masks and entropy filter "
@@ -134,60 +135,36 @@ CLAIMS: tuple[Claim, ...] = (
           "Entropy (mean token entropy of the sampled completions), reward, training accuracy and format "
           "rate, and greedy held-out accuracy, at the shared learning rate, at 3x and in the stressed setting "
           "(10x the learning rate) where GRPO is expected to drift.",
-          (Group("normal", "Shared learning rate", "tiny", ("gtpo", "grpo"),
-                 ("entropy.png", "reward.png"), TRAIN_COLS, ("entropy_end", "reward_last", "heldout_final")),
-           Group("mid", "Moderate (3x learning rate)", "tiny", ("gtpo+mid", "grpo+mid"),
-                 ("entropy.png", "reward.png"), TRAIN_COLS, ("entropy_end", "reward_last", "heldout_final")),
-           Group("stress", "Stressed (10x learning rate)", "tiny", ("gtpo+stress", "grpo+stress"),
-                 ("entropy.png", "reward.png"), TRAIN_COLS, ("entropy_end", "reward_last", "heldout_final")))),
+          tiny_groups(("gtpo", "grpo"), ("entropy.png", "reward.png"), TRAIN_COLS,
+                      ("entropy_end", "reward_last", "heldout_final"), ("normal", "mid", "stress"))),
     Claim("threshold", 3, "Entropy filter threshold",
           "The threshold matters: tau = 0.7 keeps training stable and formatted, tau = 2.0 lets entropy "
           "drift and formatting degrade (1.05 in between).",
           "GTPO with tau = 0.7 (the released code), 1.05 and 2.0, at 3x and 10x the learning rate (at the "
           "shared rate the tiny model's entropy does not drift within the budget, so no threshold would "
           "be tested).",
-          (Group("mid", "Moderate (3x learning rate)", "tiny", ("gtpo+mid", "gtpo_tau1.05+mid",
-                                                                  "gtpo_tau2.0+mid"),
-                 ("entropy.png", "conflict.png", "reward.png"), TRAIN_COLS + ("filtered_mean",),
-                 ("entropy_end", "format_last", "reward_last")),
-           Group("stress", "Stressed (10x learning rate)", "tiny", ("gtpo+stress", "gtpo_tau1.05+stress",
-                                                                   "gtpo_tau2.0+stress"),
-                 ("entropy.png", "conflict.png", "reward.png"), TRAIN_COLS + ("filtered_mean",),
-                 ("entropy_end", "format_last", "reward_last")),)),
+          tiny_groups(("gtpo", "gtpo_tau1.05", "gtpo_tau2.0"), ("entropy.png", "conflict.png", "reward.png"),
+                      TRAIN_COLS + ("filtered_mean",), ("entropy_end", "format_last", "reward_last"))),
     Claim("gamma", 4, "Entropy shaping gamma without the filter",
           "gamma = 0.1 without the filter lets entropy climb past ln 2 and collapses accuracy; with the "
           "filter it is stable.",
           "GTPO with gamma = 0.1 and the filter (tau = 0.7) vs gamma = 0.1 without the filter, at 3x and 10x "
           "the learning rate.",
-          (Group("mid", "Moderate (3x learning rate)", "tiny", ("gtpo+mid", "gtpo_nofilter+mid"),
-                 ("entropy.png", "reward.png"), TRAIN_COLS + ("filtered_mean",),
-                 ("entropy_end", "reward_last", "heldout_final")),
-           Group("stress", "Stressed (10x learning rate)", "tiny", ("gtpo+stress", "gtpo_nofilter+stress"),
-                 ("entropy.png", "reward.png"), TRAIN_COLS + ("filtered_mean",),
-                 ("entropy_end", "reward_last", "heldout_final")),)),
+          tiny_groups(("gtpo", "gtpo_nofilter"), ("entropy.png", "reward.png"), TRAIN_COLS + ("filtered_mean",),
+                      ("entropy_end", "reward_last", "heldout_final"))),
     Claim("onlyneg", 5, "OnlyNeg vs filtering all completions",
           "Filtering only negative completions (OnlyNeg) over-prunes and does worse than filtering all.",
           "GTPO with the filter on all completions vs on negative completions only, at 3x and 10x the "
           "learning rate.",
-          (Group("mid", "Moderate (3x learning rate)", "tiny", ("gtpo+mid", "gtpo_onlyneg+mid"),
-                 ("entropy.png", "conflict.png", "reward.png"), TRAIN_COLS + ("filtered_mean",),
-                 ("reward_last", "heldout_final", "entropy_end")),
-           Group("stress", "Stressed (10x learning rate)", "tiny", ("gtpo+stress", "gtpo_onlyneg+stress"),
-                 ("entropy.png", "conflict.png", "reward.png"), TRAIN_COLS + ("filtered_mean",),
-                 ("reward_last", "heldout_final", "entropy_end")),)),
+          tiny_groups(("gtpo", "gtpo_onlyneg"), ("entropy.png", "conflict.png", "reward.png"),
+                      TRAIN_COLS + ("filtered_mean",), ("reward_last", "heldout_final", "entropy_end"))),
     Claim("grpo_filter", 6, "GRPO + filter + gamma vs GTPO",
           "GRPO with GTPO's entropy filter and gamma is stabilised too, but ends below GTPO (the conflict "
           "masks add accuracy).",
           "GRPO; GRPO + filter (tau = 0.7) + gamma = 0.1 (the GTPO loss with all conflict weights 1, mean "
           "over completions, group-std advantages); GTPO. At 3x and 10x the learning rate.",
-          (Group("mid", "Moderate (3x learning rate)", "tiny", ("grpo+mid", "grpo_filter_gamma+mid",
-                                                                  "gtpo+mid"),
-                 ("entropy.png", "reward.png"), TRAIN_COLS + ("filtered_mean",),
-                 ("reward_last", "heldout_final", "entropy_end")),
-           Group("stress", "Stressed (10x learning rate)", "tiny", ("grpo+stress", "grpo_filter_gamma+stress",
-                                                                   "gtpo+stress"),
-                 ("entropy.png", "reward.png"), TRAIN_COLS + ("filtered_mean",),
-                 ("reward_last", "heldout_final", "entropy_end")),)),
+          tiny_groups(("grpo", "grpo_filter_gamma", "gtpo"), ("entropy.png", "reward.png"), TRAIN_COLS + ("filtered_mean",),
+                      ("reward_last", "heldout_final", "entropy_end"))),
     Claim("accuracy", 7, "Accuracy vs steps at equal budget",
           "GTPO reaches higher accuracy than GRPO (and the other baselines) at the same budget; the "
           "paper's ln 2 entropy rule rests on the policy's entropy.",
