@@ -170,7 +170,9 @@ def batch_spec(args, **extra) -> dict:
 def ours_trainer(path: str, spec: dict, loss_type: str, output_dir: str):
     """This project's trainer: ``prompts_per_step = P``, ``group_size = G``,
     ``max_completion_length = T``, temperature 1, top_p 1, top_k 0 (off), no KL (beta 0), one
-    update per rollout batch, the whole batch in one micro-batch, no checkpoints or sample logs."""
+    update per rollout batch, the whole batch in one micro-batch, no checkpoints or sample logs;
+    sampling with the trainer's default decoding loop (``spec["decode_loop"]`` False: transformers
+    ``generate``)."""
     from gtpo import GTPOConfig, GTPOTrainer
 
     cfg = GTPOConfig(
@@ -178,6 +180,7 @@ def ours_trainer(path: str, spec: dict, loss_type: str, output_dir: str):
         prompts_per_step=spec["P"], max_steps=10**6, max_completion_length=spec["length"], temperature=1.0,
         top_p=1.0, top_k=0, beta=0.0, num_iterations=1, learning_rate=1e-5, lr_scheduler_type="constant",
         save_steps=0, log_completions_steps=0, disable_tqdm=True, seed=0, report_to="none",
+        decode_loop=spec.get("decode_loop", True),
     )
     return GTPOTrainer(path, bench_reward, dataset_rows(spec), args=cfg)
 

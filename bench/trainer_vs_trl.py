@@ -4,11 +4,14 @@ Both trainers train the same tiny random Llama (``--hidden 256 --layers 4 --voca
 parameters; ``--vocab 49152`` for SmolLM2's vocabulary size) on the same 8 prompts (40-49
 tokens; ``--paper-prompts``: ~140 tokens, each prefixed with the GTPO paper's system prompt) with
 the same cheap reward, ``P = 2`` prompts x ``G = 8`` completions per optimizer step, ``T = 64``
-sampled tokens each (temperature 1, top_p 1, top_k off, transformers ``generate``, no vLLM), no
-KL (``beta = 0``, no reference model), one update per batch, fp32, no activation checkpointing,
-``--threads 2``. Every completion has exactly T tokens: the model's generation config sets
-``min_new_tokens = max_new_tokens = T``, which both trainers' ``generate`` calls inherit (they
-leave that field unset), so both process the same tokens per step. TRL's settings are in
+sampled tokens each (temperature 1, top_p 1, top_k off, no vLLM), no KL (``beta = 0``, no
+reference model), one update per batch, fp32, no activation checkpointing, ``--threads 2``.
+Sampling: TRL with transformers ``generate``; ours with its default decoding loop
+(``gtpo.rollout.decode``: the model's forward on its KV cache with transformers' logits
+processors; ``--generate``: transformers ``generate`` too). Every completion has exactly T
+tokens: the model's generation config sets ``min_new_tokens = max_new_tokens = T``, which both
+trainers inherit (they leave that field unset), so both process the same tokens per step; the
+script checks the sampled token counts and exits 1 if they differ. TRL's settings are in
 ``common.trl_trainer`` (its ``bf16`` and ``gradient_checkpointing`` defaults, True, are set to
 False to match). TRL runs ``loss_type="grpo"`` (it has no GTPO); ours runs ``gtpo`` and ``grpo``.
 
@@ -34,8 +37,8 @@ steps) and the peak growth of its last step over the RSS just before it
 
 Goal: step time ours/TRL <= 0.8 in GTPO mode; ``--check`` exits 1 when it is missed.
 
-Usage: ``python bench/trainer_vs_trl.py [--steps 10] [--warmup 2] [--paper-prompts] [--vocab 512]
-[--check]``.
+Usage: ``python bench/trainer_vs_trl.py [--steps 10] [--warmup 2] [--paper-prompts] [--generate]
+[--vocab 512] [--check]``.
 """
 
 from __future__ import annotations
@@ -147,6 +150,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="measured steps per trainer (after warm-up)")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up steps per trainer (not measured)")
     parser.add_argument("--memory-steps", type=int, default=2, help="steps of each memory run (0: skip memory)")
+    parser.add_argument("--generate", action="store_true",
+                        help="our trainers sample with transformers generate instead of their decoding loop")
     common.add_batch_arguments(parser)
     args = parser.parse_args(argv)
     if args.worker:
@@ -154,13 +159,21 @@ def main(argv=None) -> int:
         print(json.dumps(interleaved_worker(spec) if spec["mode"] == "interleaved" else memory_worker(spec)))
         return 0
 
-    spec = common.batch_spec(args, steps=args.steps, warmup=args.warmup, memory_steps=args.memory_steps)
+    spec = common.batch_spec(args, steps=args.steps, warmup=args.warmup, memory_steps=args.memory_steps,
+                             decode_loop=not args.generate)
     print(common.machine())
     common.bench_model(spec)  # build once, outside the timed processes
     res = common.run_worker(__file__, {**spec, "mode": "interleaved"})
     print(f"model: Llama, {res['params'] / 1e6:.2f} M parameters, hidden {args.hidden}, {args.layers} layers, "
           f"vocab {args.vocab}; P={args.prompts} x G={args.group} completions x T={args.length} tokens per step, "
-          f"{args.threads} threads; {args.warmup} warm-up + {args.steps} measured steps each, interleaved")
+          f"{args.threads} threads; {args.warmup} warm-up + {args.steps} measured steps each, interleaved; ours "
+          f"sample with {'transformers generate' if args.generate else 'their decoding loop'}, TRL with generate")
+    expected = args.prompts * args.group * args.length
+    unequal = {k: v for k, v in res["tokens"].items() if any(abs(x - expected) > 1e-6 for x in v)}
+    if unequal:
+        print(f"ERROR: every step must sample {expected} tokens (P x G x T); got " +
+              "; ".join(f"{k}: {sorted(set(round(x) for x in v))}" for k, v in unequal.items()))
+        return 1
     w = args.warmup
     med = {k: common.median(v[w:]) for k, v in res["times"].items()}
     cpu = {k: common.median(v[w:]) for k, v in res["cpu"].items()}

@@ -200,7 +200,8 @@ def test_completion_hidden_states_errors(model_and_tokenizer):
 
 # ----------------------------------------------------------------------------- generation
 @pytest.mark.parametrize("do_sample", [False, True])
-def test_generate_with_a_shared_prefill_samples_the_same_tokens(model_and_tokenizer, do_sample):
+@pytest.mark.parametrize("decode_loop", [True, False])
+def test_generate_with_a_shared_prefill_samples_the_same_tokens(model_and_tokenizer, do_sample, decode_loop):
     model, tokenizer = model_and_tokenizer
     decoder = model.get_decoder()
     out = {}
@@ -208,11 +209,12 @@ def test_generate_with_a_shared_prefill_samples_the_same_tokens(model_and_tokeni
         torch.manual_seed(7)
         with CallShapes(decoder) as calls:
             out[share] = generate(model, tokenizer, PROMPTS, num_samples=3, max_new_tokens=6, do_sample=do_sample,
-                                  share_prompt_prefill=share)
+                                  share_prompt_prefill=share, decode_loop=decode_loop)
         out[share, "calls"] = calls.shapes
     s = out[True].prompt_ids.shape[1]
     assert out[True, "calls"][:2] == [(3, s - 1), (9, 1)]  # one prefill per prompt, then the last prompt token
-    assert out[False, "calls"][0] == (9, s)
+    # without sharing: every row prefilled (the decoding loop feeds the last prompt token on its own)
+    assert out[False, "calls"][:2] == ([(9, s - 1), (9, 1)] if decode_loop else [(9, s), (9, 1)])
     # the same distribution, computed the same way up to float rounding: the same tokens for the same seed
     assert torch.equal(out[True].completion_ids, out[False].completion_ids)
     assert torch.equal(out[True].completion_mask, out[False].completion_mask)
@@ -293,3 +295,162 @@ def test_policy_forward_equals_full_logits(model_and_tokenizer, lora):
     assert not entropy.requires_grad
     for a, b in zip(g_fast, g_ref):
         assert (a - b).norm() <= 1e-6 * b.norm() + 1e-12
+
+
+# ----------------------------------------------------------------------------- decoding loop
+def _config(**kw):
+    from transformers import GenerationConfig
+
+    return GenerationConfig(**kw)
+
+
+@pytest.fixture
+def forced_length(model_and_tokenizer):
+    """The model's own generation config forces max_new_tokens (as the benchmark model does):
+    ``generate`` and the decoding loop must both honour it."""
+    model, _ = model_and_tokenizer
+    model.generation_config.min_new_tokens = 9  # = max_new_tokens of the test
+    yield
+    model.generation_config.min_new_tokens = None
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=1.0, top_p=1.0, top_k=0),
+                                      dict(temperature=0.7, top_p=0.9, top_k=5),
+                                      dict(do_sample=False)])
+@pytest.mark.parametrize("lora", [False, True])
+def test_decode_loop_samples_the_tokens_of_generate(model_and_tokenizer, forced_length, settings, lora):
+    # no row ends early (EOS suppressed): the loop's random stream is the same as generate's, so
+    # the same seed gives the same tokens, with and without the shared prefill and under LoRA
+    model, tokenizer = model_and_tokenizer
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                 init_lora_weights=False))
+    calls = []
+    original = type(model).generate
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    try:
+        out = {}
+        for loop in (True, False):
+            for share in (True, False):
+                torch.manual_seed(11)
+                type(model).generate = counting
+                try:
+                    out[loop, share] = generate(model, tokenizer, PROMPTS, num_samples=3, max_new_tokens=9,
+                                                share_prompt_prefill=share, decode_loop=loop, **settings)
+                finally:
+                    type(model).generate = original
+            if loop:
+                assert not calls  # the loop ran, not transformers' generate
+    finally:
+        if lora:
+            model.unload()
+    assert len(calls) == 2
+    ref = out[False, False]
+    assert ref.completion_ids.shape == (9, 9) and not bool(ref.completion_mask.eq(0).any())  # forced length
+    for key, rollout in out.items():
+        assert torch.equal(rollout.completion_ids, ref.completion_ids), key
+        assert torch.equal(rollout.completion_mask, ref.completion_mask), key
+        assert rollout.texts == ref.texts, key
+
+
+def _greedy_reference(model, ids, mask, t):
+    """``(N, t)`` greedy tokens of transformers' generate with no EOS in reach."""
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=_config(
+            do_sample=False, max_new_tokens=t, min_new_tokens=t, eos_token_id=[0], pad_token_id=0))
+    return out[:, ids.shape[1]:]
+
+
+@pytest.mark.parametrize("all_finish", [False, True])
+def test_decode_loop_drops_finished_rows_and_matches_generate(model_and_tokenizer, all_finish):
+    # EOS chosen from the greedy tokens so that rows end at different steps: the loop drops each
+    # finished row from its batch (cache, mask, positions); the rows left must still get exactly
+    # the logits of generate's full batch (greedy: the same argmax at every step)
+    from gtpo.rollout import _prefill, decode, encode_prompts, left_pad
+
+    model, tokenizer = model_and_tokenizer
+    prompts = PROMPTS + ["a b c", "12 + 30 = ", "think"]
+    ids, mask = left_pad(encode_prompts(tokenizer, prompts), tokenizer.pad_token_id)
+    t = 12
+    greedy = _greedy_reference(model, ids, mask, t)  # (6, 12)
+    eos = {int(greedy[0, 1]), int(greedy[2, 4])}
+    if all_finish:
+        eos |= {int(row[-3]) for row in greedy}  # every row ends by step 10
+    else:
+        eos -= set(greedy[1].tolist())  # row 1 never ends
+        assert eos, "the random model's greedy rows share every token: pick other rows"
+    eos_ids = sorted(eos)
+    pad = tokenizer.pad_token_id
+    config = _config(do_sample=False, max_new_tokens=t, eos_token_id=eos_ids, pad_token_id=pad)
+    with torch.no_grad():
+        ref = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, ids.shape[1]:]
+        got = decode(model, ids, mask, _prefill(model, ids, mask), config, eos_ids=eos_ids, pad_id=pad)
+    is_eos = torch.isin(ref, torch.tensor(eos_ids))
+    ends = [int(row.nonzero()[0]) if row.any() else None for row in is_eos]
+    assert ends[0] is not None and ends[0] <= 1  # rows end at different steps: the pruning ran
+    if all_finish:
+        assert all(e is not None for e in ends) and ref.shape[1] < t
+    else:
+        assert ends[1] is None and ref.shape[1] == t
+    assert torch.equal(got, ref)
+
+
+def test_decode_loop_samples_the_tokens_of_generate_until_a_row_ends(model_and_tokenizer):
+    # sampling with 64 of the 512 tokens as EOS: rows end after a few tokens. Until the first row
+    # ends, the loop and generate draw the same random numbers for the same rows: equal tokens.
+    # After it, the loop draws for fewer rows (its stream differs); every row still ends at its
+    # first EOS and is padded after it.
+    from gtpo.rollout import _prefill, decode, encode_prompts, left_pad
+
+    model, tokenizer = model_and_tokenizer
+    rows = [p for p in encode_prompts(tokenizer, PROMPTS) for _ in range(4)]
+    ids, mask = left_pad(rows, tokenizer.pad_token_id)
+    eos_ids = list(range(3, 515, 8))
+    pad = tokenizer.pad_token_id
+    config = _config(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=30,
+                     eos_token_id=eos_ids, pad_token_id=pad)
+    with torch.no_grad():
+        torch.manual_seed(5)
+        ref = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, ids.shape[1]:]
+        torch.manual_seed(5)
+        got = decode(model, ids, mask, _prefill(model, ids, mask), config, eos_ids=eos_ids, pad_id=pad)
+    eos = torch.tensor(eos_ids)
+    first_end = int(torch.isin(ref, eos).any(dim=0).nonzero()[0])
+    assert first_end < 10
+    assert torch.equal(got[:, :first_end + 1], ref[:, :first_end + 1])
+    for row in got:
+        ended = torch.isin(row, eos).nonzero()
+        if len(ended):
+            assert bool((row[int(ended[0]) + 1:] == pad).all())
+
+
+@pytest.mark.parametrize("setting", ["repetition_penalty", "no_repeat_ngram_size", "suppress_tokens", "min_p"])
+def test_decode_loop_leaves_settings_it_does_not_cover_to_generate(model_and_tokenizer, setting):
+    from gtpo.rollout import decode_loop_config
+
+    model, tokenizer = model_and_tokenizer
+    plain = dict(do_sample=True, max_new_tokens=5, temperature=0.7, top_k=0, top_p=0.9, repetition_penalty=1.0)
+    assert decode_loop_config(model, _config(**plain)) is not None
+    own = model.generation_config
+    if setting == "repetition_penalty":
+        assert decode_loop_config(model, _config(**{**plain, "repetition_penalty": 1.2})) is None
+        torch.manual_seed(2)
+        a = generate(model, tokenizer, PROMPTS, num_samples=2, max_new_tokens=5, repetition_penalty=1.2)
+        torch.manual_seed(2)
+        b = generate(model, tokenizer, PROMPTS, num_samples=2, max_new_tokens=5, repetition_penalty=1.2,
+                     decode_loop=False)
+        assert torch.equal(a.completion_ids, b.completion_ids)
+        return
+    value = {"no_repeat_ngram_size": 2, "suppress_tokens": [5, 6], "min_p": 0.1}[setting]
+    setattr(own, setting, value)  # set in the model's own generation config: generate would apply it
+    try:
+        assert decode_loop_config(model, _config(**plain)) is None
+    finally:
+        setattr(own, setting, None)
+    assert decode_loop_config(model, _config(**plain)) is not None

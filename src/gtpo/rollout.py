@@ -1,4 +1,4 @@
-"""Sampling G completions per prompt with transformers ``generate``.
+"""Sampling G completions per prompt: a decoding loop over the model's KV cache, or transformers ``generate``.
 
 Rows are prompt-major: completion ``s`` of prompt ``p`` is row ``p * num_samples + s``, the layout
 every maths function of the package expects (``rewards (N,)`` with ``N = P * G``).
@@ -11,16 +11,23 @@ The G completions of a prompt share its tokens, so both passes over a rollout co
 prompt once per group instead of G times [D] (:func:`shared_prompt_cache`):
 
 * :func:`generate` runs the decoder once over each distinct prompt (all but its last token),
-  copies the key/value cache to the G rows of the group and lets ``generate`` continue from it
-  (the documented "re-use a cache to continue generation" pattern of transformers): the same
+  copies the key/value cache to the G rows of the group and lets the decoding loop (or
+  ``generate``: the documented "re-use a cache to continue generation" pattern) continue from it: the same
   sampling distribution, (G-1)/G of the prompt prefill saved;
 * :func:`completion_hidden_states` does the same WITH gradients for the policy forward of the
   update: the cache rows of a group are an index-select of one prompt forward, so autograd sums
   the G gradients into it. The result equals the plain forward over the ``(N, S + T)`` batch up
   to float rounding, with ``(G-1)/G`` of the prompt tokens' forward and backward work saved.
 
-Both fall back to the plain computation where sharing would not be exact or is not supported:
-no two consecutive rows with the same prompt, a prompt of one token, caches other than plain
+Sampling itself runs in :func:`decode`, a decoding loop over the model's forward and its
+``DynamicCache`` with transformers' own logits processors, where :func:`decode_loop_config`
+finds the settings covered (temperature, top-k, top-p, minimum lengths; otherwise
+``model.generate`` samples). It computes what ``generate`` computes, without its per-token
+bookkeeping, and rows that reached EOS leave the batch: the decoding work follows the unfinished
+rows, not the longest one. The same tokens as ``generate`` for the same seed until a row ends.
+
+The shared prompt passes fall back to the plain computation where sharing would not be exact or
+is not supported: no two consecutive rows with the same prompt, a prompt of one token, caches other than plain
 full-attention ``DynamicCache`` layers (sliding-window, linear-attention, static caches),
 gradient checkpointing, or active dropout (training forward).
 """
@@ -313,6 +320,7 @@ def generate(
     max_prompt_length: int | None = None,
     prompt_ids: list[list[int]] | None = None,
     share_prompt_prefill: bool = True,
+    decode_loop: bool = True,
 ) -> Rollout:
     """Sample ``num_samples`` completions for each prompt.
 
@@ -330,6 +338,10 @@ def generate(
         share_prompt_prefill: prefill each distinct prompt once and copy its key/value cache to
             its ``num_samples`` rows (see the module docstring; same distribution, less work);
             False prefills every row (plain ``generate``).
+        decode_loop: sample with :func:`decode` (this module's decoding loop over the model's
+            forward and key/value cache, with transformers' logits processors; finished rows leave
+            the batch) where :func:`decode_loop_config` says it covers the settings; False, or
+            settings it does not cover, use ``model.generate``.
 
     Returns:
         A :class:`Rollout` with ``N = P * num_samples`` rows, prompt-major.
@@ -360,6 +372,7 @@ def generate(
         pad_token_id=pad_id,
         bos_token_id=getattr(tokenizer, "bos_token_id", None),
     )
+    loop_config = decode_loop_config(model, gen_config) if decode_loop else None
     rows = [ids for ids in prompt_ids for _ in range(num_samples)]
     step = batch_size or len(rows)
     device = next(model.parameters()).device
@@ -373,13 +386,18 @@ def generate(
             # inference mode: no autograd bookkeeping at all (measured ~5 % faster than no_grad
             # on the tiny CPU models of bench/); the ids are cloned out as normal tensors
             with torch.inference_mode():
-                extra = {}
+                cache = None
                 if share_prompt_prefill and num_samples > 1:
                     cache = _prefill_shared(model, ids_d, mask_d)
-                    if cache is not None:
-                        extra[cache_kwarg()] = cache
-                out = model.generate(input_ids=ids_d, attention_mask=mask_d, generation_config=gen_config, **extra)
-            chunks.append((ids, mask, out[:, ids.shape[1]:].cpu().clone()))
+                if loop_config is not None and cache is None:
+                    cache = _prefill(model, ids_d, mask_d)
+                if loop_config is not None and cache is not None:
+                    comp = decode(model, ids_d, mask_d, cache, loop_config, eos_ids=eos_ids, pad_id=pad_id)
+                else:
+                    extra = {} if cache is None else {cache_kwarg(): cache}
+                    out = model.generate(input_ids=ids_d, attention_mask=mask_d, generation_config=gen_config, **extra)
+                    comp = out[:, ids.shape[1]:]
+            chunks.append((ids, mask, comp.cpu().clone()))
     finally:
         model.train(was_training)
     width_s = max(c[0].shape[1] for c in chunks)
@@ -421,3 +439,160 @@ def _prefill_shared(model, ids: torch.Tensor, mask: torch.Tensor):
         return None
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, :-1]
     return shared_prompt_cache(model.get_decoder(), ids[:, :-1], mask[:, :-1], position_ids, groups)
+
+
+def _prefill(model, ids: torch.Tensor, mask: torch.Tensor):
+    """The cache of ``ids (N, S)`` without its last column, every row computed (no sharing); an
+    empty cache for one-token prompts. None when the model's cache is not a plain ``DynamicCache``."""
+    cache = _plain_dynamic_cache(model.config)
+    if cache is None or ids.shape[1] < 2:
+        return cache
+    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, :-1]
+    model.get_decoder()(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids,
+                        use_cache=True, **{cache_kwarg(): cache})
+    return cache
+
+
+# ----------------------------------------------------------------------------- decoding loop
+# GenerationConfig fields :func:`decode` implements (any value) ...
+_LOOP_FIELDS = frozenset({"max_new_tokens", "min_new_tokens", "min_length", "do_sample", "temperature", "top_k",
+                          "top_p", "eos_token_id", "pad_token_id", "bos_token_id"})
+# ... fields it supports at one value only (the value that changes nothing) ...
+_LOOP_NEUTRAL = {"repetition_penalty": 1.0, "num_beams": 1, "num_return_sequences": 1, "use_cache": True,
+                 "output_attentions": False, "output_hidden_states": False, "output_scores": False,
+                 "output_logits": False, "return_dict_in_generate": False, "renormalize_logits": False,
+                 "remove_invalid_values": False}
+# ... and fields without effect on sampling with ``max_new_tokens`` set and one beam.
+_LOOP_IGNORED = frozenset({"transformers_version", "_from_model_config", "max_length", "early_stopping",
+                           "length_penalty", "decoder_start_token_id"})
+
+
+def decode_loop_config(model, gen_config):
+    """The generation config :func:`decode` would sample with, or None where it does not apply.
+
+    The config is ``gen_config`` completed with the model's own ``generation_config`` for the
+    fields ``gen_config`` leaves unset, exactly as ``model.generate`` completes it (so the
+    bench model's ``min_new_tokens``, or a checkpoint's, is honoured). :func:`decode` applies
+    when the model is a decoder-only LM with ``get_decoder()`` whose key/value cache is a plain
+    full-attention ``DynamicCache``, its forward takes ``logits_to_keep``, ``max_new_tokens`` is
+    set, and the completed config sets nothing but ``max_new_tokens``, ``min_new_tokens``,
+    ``min_length``, ``do_sample``, ``temperature``, ``top_k``, ``top_p`` and the special token ids
+    (``repetition_penalty`` 1, one beam, one sequence per row, no extra outputs). Anything else
+    (repetition penalty, bad words, min-p, beams, sliding-window or static caches,
+    encoder-decoders, ...) returns None: the caller uses ``model.generate``.
+    """
+    import copy
+
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False) or not hasattr(model, "get_decoder"):
+        return None
+    if _plain_dynamic_cache(config) is None:
+        return None
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if "logits_to_keep" not in inspect.signature(base.forward).parameters:
+        return None
+    merged = copy.deepcopy(gen_config)
+    own = getattr(model, "generation_config", None)
+    if own is not None:
+        merged.update(**own.to_dict(), defaults_only=True, allow_custom_entries=True)
+    if merged.max_new_tokens is None:
+        return None
+    for key, value in merged.to_diff_dict().items():
+        if key in _LOOP_FIELDS or key in _LOOP_IGNORED or value is None:
+            continue
+        if key in _LOOP_NEUTRAL and value == _LOOP_NEUTRAL[key]:
+            continue
+        return None
+    return merged
+
+
+def _processors(config, prompt_width: int, eos: torch.Tensor):
+    """transformers' logits processors for the fields :func:`decode` implements, in the order
+    ``generate`` applies them (EOS suppression, then temperature, top-k, top-p)."""
+    from transformers import (LogitsProcessorList, MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor,
+                              TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+
+    processors = LogitsProcessorList()
+    if config.min_length is not None and config.min_length > 0:
+        processors.append(MinLengthLogitsProcessor(config.min_length, eos, device=eos.device))
+    if config.min_new_tokens is not None and config.min_new_tokens > 0:
+        processors.append(MinNewTokensLengthLogitsProcessor(prompt_width, config.min_new_tokens, eos,
+                                                            device=eos.device))
+    if config.do_sample:
+        if config.temperature is not None and config.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(config.temperature))
+        if config.top_k is not None and config.top_k != 0:
+            processors.append(TopKLogitsWarper(top_k=config.top_k, min_tokens_to_keep=1))
+        if config.top_p is not None and config.top_p < 1.0:
+            processors.append(TopPLogitsWarper(top_p=config.top_p, min_tokens_to_keep=1))
+    return processors
+
+
+def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, config, *,
+           eos_ids: list[int], pad_id: int) -> torch.Tensor:
+    """Sample completions token by token from the model's forward and key/value cache.
+
+    The same computation as transformers' ``generate`` sampling loop for the settings of
+    :func:`decode_loop_config` — the model's forward on the last token with the 2-D attention
+    mask and position ids ``cumsum(mask) - 1`` continued by one per token, float32 logits of the
+    last position, transformers' own logits processors (:func:`_processors`), ``softmax`` and
+    ``multinomial`` (or ``argmax`` when ``config.do_sample`` is false) — with two differences:
+
+    * no per-token bookkeeping of ``generate`` (input preparation, keyword updates, stopping
+      criteria objects): ~15 % of a rollout of the tiny models of ``bench/``;
+    * a row that has produced EOS leaves the batch (its cache rows are dropped), so the decoding
+      work follows the number of unfinished rows instead of the longest one. Until the first row
+      finishes, the tokens are those of ``generate`` for the same seed (tested); after it, each
+      row is still sampled from its own distribution, but the random stream is consumed by fewer
+      rows, so the tokens differ from ``generate``'s while their distribution does not.
+
+    Args:
+        model: a decoder-only causal LM (``PreTrainedModel`` or peft model) in eval mode.
+        input_ids: ``(N, S)`` left-padded prompt ids; ``attention_mask (N, S)``.
+        cache: a ``DynamicCache`` holding the first ``S - 1`` columns of the prompt rows.
+        config: a completed ``GenerationConfig`` from :func:`decode_loop_config`.
+        eos_ids: token ids that end a completion; ``pad_id`` fills positions after the end.
+
+    Returns:
+        ``(N, T')`` sampled ids, ``T' <= max_new_tokens`` the number of decoding steps run (the
+        longest completion); a row's tokens after its first EOS are ``pad_id``.
+    """
+    n, width = input_ids.shape
+    device = input_ids.device
+    eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
+    processors = _processors(config, width, eos)
+    max_new = int(config.max_new_tokens)
+    out = torch.full((n, max_new), pad_id, dtype=torch.long, device=device)  # (N, T)
+    if max_new == 0:
+        return out
+    rows = torch.arange(n, device=device)  # (n,) the batch row of each unfinished row
+    seq = input_ids  # (n, S + t) prompt and tokens so far (the processors' view)
+    mask = attention_mask.long()  # (n, S + t)
+    position = (mask.cumsum(-1) - 1).clamp(min=0)[:, -1:]  # (n, 1) position of the token fed next
+    token = input_ids[:, -1:]  # (n, 1)
+    kwarg = cache_kwarg()
+    steps = 0
+    for t in range(max_new):
+        logits = model(input_ids=token, attention_mask=mask, position_ids=position, use_cache=True,
+                       logits_to_keep=1, **{kwarg: cache}).logits  # (n, 1, V)
+        scores = processors(seq, logits[:, -1].to(dtype=torch.float32))  # (n, V)
+        if config.do_sample:
+            nxt = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # (n,)
+        else:
+            nxt = scores.argmax(dim=-1)
+        out[rows, t] = nxt
+        steps = t + 1
+        if steps == max_new:
+            break
+        done = torch.isin(nxt, eos)  # (n,)
+        if bool(done.any()):
+            if bool(done.all()):
+                break
+            keep = (~done).nonzero().squeeze(1)  # (n',)
+            cache.batch_select_indices(keep)
+            rows, seq, mask, position, nxt = rows[keep], seq[keep], mask[keep], position[keep], nxt[keep]
+        token = nxt.unsqueeze(1)
+        seq = torch.cat([seq, token], dim=1)
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        position = position + 1
+    return out[:, :steps]

@@ -484,7 +484,7 @@ class GTPOTrainer:
                 prompt_ids=[self._prompt_ids[r] for r in rows],
                 num_samples=a.group_size, max_new_tokens=a.max_completion_length, temperature=a.temperature,
                 top_p=a.top_p, top_k=a.top_k, repetition_penalty=a.repetition_penalty,
-                batch_size=a.generation_batch_size,
+                batch_size=a.generation_batch_size, decode_loop=a.decode_loop,
             )
         except RuntimeError as err:
             text = str(err).lower()
