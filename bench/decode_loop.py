@@ -20,7 +20,7 @@ order), the median of the paired ratios loop/generate, the mean completion lengt
 of decoding steps (the longest completion). Not a test and no goal: the numbers go in
 docs/performance.md.
 
-Usage: ``python bench/decode_loop.py [--settings tiny smollm2] [--rounds 6] [--max-new-tokens 128]
+Usage: ``python bench/decode_loop.py [--settings tiny smollm2] [--rounds 4] [--max-new-tokens 128]
 [--adapter DIR]``.
 """
 
@@ -86,7 +86,7 @@ def worker(spec: dict) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", nargs="+", default=["tiny", "smollm2"], choices=["tiny", "smollm2"])
-    parser.add_argument("--rounds", type=int, default=6, help="measured rounds (one rollout per side each)")
+    parser.add_argument("--rounds", type=int, default=4, help="measured rounds (one rollout per side each)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="T of the smollm2 setting")
     parser.add_argument("--adapter", help="a LoRA adapter directory for the smollm2 setting (gtpo train output)")
     parser.add_argument("--threads", type=int, default=2)

@@ -55,6 +55,36 @@ def test_every_loss_type_updates_every_trainable_parameter(tiny_model_path, tmp_
     assert not unchanged, f"{loss_type}: parameters did not change: {unchanged}"
 
 
+@pytest.mark.parametrize("decode_loop", [True, False])
+def test_decode_loop_setting_picks_the_sampler(tiny_model_path, tmp_path, monkeypatch, decode_loop):
+    # decode_loop=True samples with gtpo.rollout.decode, False with transformers generate; both train
+    import gtpo.rollout
+
+    calls = {"decode": 0, "generate": 0}
+    decode = gtpo.rollout.decode
+
+    def counting_decode(*args, **kwargs):
+        calls["decode"] += 1
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(gtpo.rollout, "decode", counting_decode)
+    cfg = make_config(tmp_path, max_steps=2, decode_loop=decode_loop, entropy_filter=False)
+    trainer = GTPOTrainer(tiny_model_path, [digit_reward, length_reward], dataset(), args=cfg)
+    model_cls = type(trainer.unwrapped_model)
+    original = model_cls.generate
+
+    def counting_generate(self, *args, **kwargs):
+        calls["generate"] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(model_cls, "generate", counting_generate)
+    before = snapshot(trainer.unwrapped_model)
+    trainer.train()
+    assert calls == ({"decode": 2, "generate": 0} if decode_loop else {"decode": 0, "generate": 2})
+    after = snapshot(trainer.unwrapped_model)
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+
+
 def test_metrics_jsonl_has_documented_keys(tiny_model_path, tmp_path):
     cfg = make_config(tmp_path, max_steps=2, entropy_filter=False)
     GTPOTrainer(tiny_model_path, [digit_reward, length_reward], dataset(), args=cfg).train()

@@ -174,7 +174,7 @@ class GTPOConfig:
     temperature: float = _f(1.0, "Sampling temperature; also divides the logits when computing log-probs and entropy.")
     top_p: float = _f(1.0, "Nucleus sampling probability.")
     top_k: int = _f(0, "Top-k sampling; 0 disables it.")
-    repetition_penalty: float = _f(1.0, "Repetition penalty of transformers generate (1.0 = none).")
+    repetition_penalty: float = _f(1.0, "Repetition penalty (1.0 = none); other values sample with transformers generate (decode_loop does not apply it).")
     mask_truncated_completions: bool = _f(
         False, "Exclude completions that hit max_completion_length without EOS from the loss (DAPO recommends it)."
     )
@@ -192,7 +192,8 @@ class GTPOConfig:
     )
     use_vllm: bool = _f(
         False,
-        "Generate with vLLM. Not available in this version (generation uses transformers generate); "
+        "Generate with vLLM. Not available in this version (generation uses gtpo's decoding loop or "
+        "transformers generate); "
         "setting it to true is refused with an error rather than silently ignored.",
     )
 
@@ -382,7 +383,7 @@ class GTPOConfig:
         if self.use_vllm:
             raise ValueError(
                 "GTPOConfig.use_vllm: vLLM generation is not available in this version of gtpo; "
-                "set use_vllm to false (generation uses transformers generate)"
+                "set use_vllm to false (generation uses gtpo's decoding loop or transformers generate)"
             )
         bad = [t for t in self.report_to if t not in REPORT_TARGETS]
         if bad:
