@@ -725,6 +725,27 @@ def measured_cpu(items) -> float:
     return total
 
 
+def sampler_note(items) -> str:
+    """How the training runs sampled their completions, from each run's ``run_config.json``:
+    ``decode_loop`` true (gtpo's decoding loop), false, or absent (runs made before the field
+    existed, which sampled with transformers ``generate``)."""
+    kinds = set()
+    for run, _claims in items:
+        if run.kind != "train":
+            continue
+        cfg = _read_json(os.path.join(run.dir, "run_config.json"))
+        if cfg is not None:
+            kinds.add({True: "loop", False: "generate"}.get(cfg.get("decode_loop"), "before"))
+    names = {"loop": "gtpo's decoding loop (`GTPOConfig.decode_loop`, the default)",
+             "generate": "transformers `generate` (`decode_loop: false`)",
+             "before": "transformers `generate` (the runs predate `GTPOConfig.decode_loop`, commit 7aee700; "
+                       "rerun now, they sample with the decoding loop: the same distribution, another random "
+                       "stream, so per-seed numbers would change)"}
+    if not kinds:
+        return "no finished training run"
+    return "; ".join(names[k] for k in sorted(kinds)) + (" (mixed across runs)" if len(kinds) > 1 else "")
+
+
 def _rel_doc(path: str) -> str:
     return os.path.relpath(path, os.path.dirname(DOCS_MD))
 
@@ -787,6 +808,7 @@ def write_results(claims: list[Claim], seeds: list[int], steps: dict[str, int], 
         f"- **Tables**: mean ± sample std over the {len(seeds)} seed(s); rewards are raw (tiny: 0-20; SmolLM2: "
         "0-1); 'last 10 %' is the mean over the last 10 % of the steps. **Figures**: `gtpo report` of the "
         "per-step mean over seeds of each run (per-seed runs: `experiments/runs/`).",
+        f"- **Sampling** of the training runs: {sampler_note(items)}.",
         f"- CPU time measured for the runs and evaluations in this file: {cpu_total / 60:.0f} min, plus "
         f"{start.get('build_seconds', 0) / 60:.0f} min (wall) to build the tiny model.", "",
     ]

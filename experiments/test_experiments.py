@@ -187,6 +187,22 @@ def test_run_stats_and_cells(tmp_path, monkeypatch):
     assert suite.cell([{}], "heldout_final") == "—"
 
 
+def test_sampler_note_reads_the_runs_configs(tmp_path, monkeypatch):
+    monkeypatch.setattr(suite, "RUNS", str(tmp_path))
+    runs = [suite.Run("tiny", "gtpo", seed, 12) for seed in (0, 1)]
+    items = [(run, [1]) for run in runs]
+    assert suite.sampler_note(items) == "no finished training run"
+    for run in runs:
+        os.makedirs(run.dir)
+        suite._write_json(os.path.join(run.dir, "run_config.json"), {"loss_type": "gtpo"})
+    assert suite.sampler_note(items).startswith("transformers `generate` (the runs predate")
+    for run in runs:
+        suite._write_json(os.path.join(run.dir, "run_config.json"), {"decode_loop": True})
+    assert suite.sampler_note(items).startswith("gtpo's decoding loop")
+    suite._write_json(os.path.join(runs[1].dir, "run_config.json"), {"decode_loop": False})
+    assert suite.sampler_note(items).endswith("(mixed across runs)")
+
+
 def test_plan_shares_runs_between_claims():
     items = suite.plan(list(suite.CLAIMS), [0, 1, 2], {"tiny": 150, "smollm2": 8})
     runs = [r for r, _ in items]
