@@ -1490,7 +1490,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--max-new-tokens", type=int, default=1024)
     parser.add_argument("--max-prompt-length", type=int, default=None)
-    parser.add_argument("--batch-size", type=int, default=64, help="completions per generate call")
+    parser.add_argument("--batch-size", type=int, default=64, help="completions sampled per batch")
     parser.add_argument("--answer-from", default=None, choices=("auto", "tag", "boxed", "last_number"),
                         help="where the answer is read from a completion (default: auto = the "
                         "<answer> tag, else \\boxed{}, else the last number)")

@@ -3,7 +3,8 @@
 One step, top to bottom (:meth:`GTPOTrainer.step`):
 
 1. take ``prompts_per_step`` prompts (each process its share of whole groups) and sample
-   ``group_size`` completions each with transformers ``generate``;
+   ``group_size`` completions each (``gtpo.rollout.generate``: one prefill per prompt, then gtpo's
+   decoding loop on the KV cache, or transformers ``generate`` with ``decode_loop=False``);
 2. score them with every reward function (TRL's contract) and sum with ``reward_weights``;
    DAPO's dynamic sampling replaces zero-variance groups, its overlong shaping penalises length;
 3. group advantages (``gtpo.advantages``); for GTPO the conflict-token weights from the
