@@ -185,10 +185,11 @@ class GTPOConfig:
         True,
         "Sample with gtpo's decoding loop (gtpo.rollout.decode) where the settings allow it (temperature, top_p, "
         "top_k, min_new_tokens; a plain full-attention KV cache; no repetition penalty): the model's forward on its "
-        "KV cache with transformers' logits processors, without generate's per-token bookkeeping (~7 % of a rollout "
-        "of a tiny model), and completions that reached EOS leave the batch instead of decoding padding until the "
-        "longest ends. The same tokens as transformers generate for the same seed until the first completion "
-        "ends; the same distribution after. False: always transformers generate. [D]",
+        "KV cache with transformers' logits processors, without generate's per-token bookkeeping, with inverse-CDF "
+        "sampling (one uniform number per completion instead of torch.multinomial's one per vocabulary entry), and "
+        "completions that reached EOS leave the batch instead of decoding padding until the longest ends. The same "
+        "distribution as transformers generate, another random stream (greedy: the same tokens). False: always "
+        "transformers generate. [D]",
     )
     use_vllm: bool = _f(
         False,

@@ -23,8 +23,9 @@ Sampling itself runs in :func:`decode`, a decoding loop over the model's forward
 ``DynamicCache`` with transformers' own logits processors, where :func:`decode_loop_config`
 finds the settings covered (temperature, top-k, top-p, minimum lengths; otherwise
 ``model.generate`` samples). It computes what ``generate`` computes, without its per-token
-bookkeeping, and rows that reached EOS leave the batch: the decoding work follows the unfinished
-rows, not the longest one. The same tokens as ``generate`` for the same seed until a row ends.
+bookkeeping, with inverse-CDF sampling (:func:`sample_categorical`) instead of
+``torch.multinomial``, and rows that reached EOS leave the batch: the decoding work follows the
+unfinished rows, not the longest one. The same distribution as ``generate``, another random stream.
 
 The shared prompt passes fall back to the plain computation where sharing would not be exact or
 is not supported: no two consecutive rows with the same prompt, a prompt of one token, caches other than plain
@@ -528,23 +529,55 @@ def _processors(config, prompt_width: int, eos: torch.Tensor):
     return processors
 
 
+def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
+    """One index per row of ``probs (n, V)``, drawn from the categorical distribution of the row.
+
+    Inverse-CDF sampling: ``u`` uniform on ``[0, total)`` per row, the first index whose cumulative
+    mass exceeds ``u``. Exactly the categorical distribution up to float32 rounding of the
+    cumulative sums; an index of zero probability (filtered by top-k/top-p) is never drawn, since
+    its cumulative mass equals the previous one. One uniform number per row where
+    ``torch.multinomial`` draws V exponentials per row: 0.8 ms against 31 ms for 32 rows of
+    SmolLM2's 49,152 tokens on 2 CPU threads.
+
+    Args:
+        probs: ``(n, V)`` non-negative weights (rows need not sum to 1).
+
+    Returns:
+        ``(n,)`` int64 indices.
+
+    Raises:
+        RuntimeError: a row has a NaN/inf weight or no positive mass (the message names them, as
+            ``torch.multinomial``'s does, so callers that catch non-finite probabilities keep working).
+    """
+    cdf = probs.cumsum(dim=-1)  # (n, V)
+    total = cdf[:, -1:]  # (n, 1)
+    if not bool(torch.isfinite(total).all() & (total > 0).all()):
+        raise RuntimeError("probability tensor contains either inf, nan or element < 0, or a row sums to 0")
+    u = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device) * total  # (n, 1) in [0, total)
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
+
+
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, config, *,
            eos_ids: list[int], pad_id: int) -> torch.Tensor:
     """Sample completions token by token from the model's forward and key/value cache.
 
-    The same computation as transformers' ``generate`` sampling loop for the settings of
+    The computation of transformers' ``generate`` sampling loop for the settings of
     :func:`decode_loop_config` — the model's forward on the last token with the 2-D attention
     mask and position ids ``cumsum(mask) - 1`` continued by one per token, float32 logits of the
-    last position, transformers' own logits processors (:func:`_processors`), ``softmax`` and
-    ``multinomial`` (or ``argmax`` when ``config.do_sample`` is false) — with two differences:
+    last position, transformers' own logits processors (:func:`_processors`), ``softmax`` and a
+    draw from it (or ``argmax`` when ``config.do_sample`` is false) — with three differences:
 
     * no per-token bookkeeping of ``generate`` (input preparation, keyword updates, stopping
       criteria objects): ~15 % of a rollout of the tiny models of ``bench/``;
+    * the draw is :func:`sample_categorical` (inverse CDF, one uniform number per row) instead of
+      ``torch.multinomial`` (V exponentials per row, ~30 ms per token at SmolLM2's vocabulary):
+      the same distribution from another random stream;
     * a row that has produced EOS leaves the batch (its cache rows are dropped), so the decoding
-      work follows the number of unfinished rows instead of the longest one. Until the first row
-      finishes, the tokens are those of ``generate`` for the same seed (tested); after it, each
-      row is still sampled from its own distribution, but the random stream is consumed by fewer
-      rows, so the tokens differ from ``generate``'s while their distribution does not.
+      work follows the number of unfinished rows instead of the longest one.
+
+    With ``sample_categorical`` replaced by ``torch.multinomial`` and no row ending early, the
+    tokens are exactly ``generate``'s for the same seed; greedy decoding gives ``generate``'s
+    tokens whatever rows end when (both tested).
 
     Args:
         model: a decoder-only causal LM (``PreTrainedModel`` or peft model) in eval mode.
@@ -577,7 +610,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, 
                        logits_to_keep=1, **{kwarg: cache}).logits  # (n, 1, V)
         scores = processors(seq, logits[:, -1].to(dtype=torch.float32))  # (n, V)
         if config.do_sample:
-            nxt = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # (n,)
+            nxt = sample_categorical(torch.softmax(scores, dim=-1))  # (n,)
         else:
             nxt = scores.argmax(dim=-1)
         out[rows, t] = nxt
