@@ -44,7 +44,9 @@ def _tiny(spec: dict):
 
 
 def _smollm2(spec: dict):
-    from gtpo.data import load_task
+    import yaml
+
+    from gtpo.cli import default_config_text, load_dataset_spec
     from gtpo.models import load_model, load_tokenizer
 
     model = load_model("smollm2-135m-instruct")
@@ -52,10 +54,9 @@ def _smollm2(spec: dict):
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, spec["adapter"])
-    task = load_task("basic_arithmetic", split="test", size=spec["P"], template="none", min_terms=2, max_terms=2,
-                     min_digits=1, max_digits=2, operators=["+", "-"], allow_negation=False,
-                     allow_parentheses=False)
-    return model, load_tokenizer("smollm2-135m-instruct"), [row["prompt"] for row in task]
+    # the default run's held-out problems (its eval_dataset), the first P of them
+    task = load_dataset_spec(yaml.safe_load(default_config_text())["eval_dataset"], default_split="test")
+    return model, load_tokenizer("smollm2-135m-instruct"), [task[i]["prompt"] for i in range(spec["P"])]
 
 
 def worker(spec: dict) -> dict:

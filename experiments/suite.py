@@ -217,10 +217,6 @@ class Run:
         return self.run_id.partition("+")[0]
 
     @property
-    def stressed(self) -> bool:
-        return self.run_id.endswith("+stress")
-
-    @property
     def lr_factor(self) -> float:
         """The learning-rate multiplier of the run's setting (1 for the shared rate)."""
         setting = self.run_id.partition("+")[2]

@@ -173,6 +173,12 @@ def _plain_dynamic_cache(config):
     return cache
 
 
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``(N, L)`` positions of left-padded rows: ``cumsum(mask) - 1``, so left padding does not shift
+    them (padding positions are clamped to 0; they are masked out anyway)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Runs of consecutive identical prompt rows (the G rows of a group, prompt-major).
 
@@ -216,7 +222,7 @@ def _sharing_is_exact(module: nn.Module) -> bool:
     return True
 
 
-def shared_prompt_cache(decoder: nn.Module, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
+def shared_prompt_cache(decoder: nn.Module, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
                         groups: tuple[torch.Tensor, torch.Tensor]):
     """Key/value cache of the prompt prefix ``ids (N, L)``, computed once per group.
 
@@ -229,7 +235,7 @@ def shared_prompt_cache(decoder: nn.Module, ids: torch.Tensor, mask: torch.Tenso
     Args:
         decoder: the decoder module (takes ``input_ids``, ``attention_mask``, ``position_ids``,
             the cache and ``use_cache``).
-        ids: ``(N, L)`` prefix ids; ``mask (N, L)``; ``position_ids (N, L)``.
+        ids: ``(N, L)`` prefix ids; ``mask (N, L)``; ``positions (N, L)`` (:func:`position_ids`).
         groups: ``(first (U,), inverse (N,))`` from :func:`prompt_groups`.
 
     Returns:
@@ -240,7 +246,7 @@ def shared_prompt_cache(decoder: nn.Module, ids: torch.Tensor, mask: torch.Tenso
     if cache is None:
         return None
     first, inverse = groups
-    decoder(input_ids=ids[first], attention_mask=mask[first], position_ids=position_ids[first],
+    decoder(input_ids=ids[first], attention_mask=mask[first], position_ids=positions[first],
             use_cache=True, **{cache_kwarg(): cache})
     cache.batch_select_indices(inverse)
     return cache
@@ -285,7 +291,7 @@ def completion_hidden_states(
         raise ValueError(f"attention_mask: expected shape {tuple(input_ids.shape)} (input_ids), got "
                          f"{tuple(attention_mask.shape)}")
     t = completion_length
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (N, S+T)
+    positions = position_ids(attention_mask)  # (N, S+T)
     prefix = width - t - 1  # shared tokens: the prompt without its last token
     groups = None
     if share_prompts and prefix > 0 and _sharing_is_exact(decoder):
@@ -293,14 +299,14 @@ def completion_hidden_states(
     cache = None
     if groups is not None:
         cache = shared_prompt_cache(decoder, input_ids[:, :prefix], attention_mask[:, :prefix],
-                                    position_ids[:, :prefix], groups)
+                                    positions[:, :prefix], groups)
     # the last token predicts nothing: causal attention lets it be left out of the forward
     if cache is None:
         hidden = decoder(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
-                         position_ids=position_ids[:, :-1], use_cache=False).last_hidden_state  # (N, S+T-1, D)
+                         position_ids=positions[:, :-1], use_cache=False).last_hidden_state  # (N, S+T-1, D)
         return hidden[:, -t:]
     return decoder(input_ids=input_ids[:, prefix:-1], attention_mask=attention_mask[:, :-1],
-                   position_ids=position_ids[:, prefix:-1], use_cache=True,
+                   position_ids=positions[:, prefix:-1], use_cache=True,
                    **{cache_kwarg(): cache}).last_hidden_state  # (N, T, D)
 
 
@@ -438,8 +444,7 @@ def _prefill_shared(model, ids: torch.Tensor, mask: torch.Tensor):
     groups = prompt_groups(ids[:, :-1], mask[:, :-1])
     if groups is None:
         return None
-    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, :-1]
-    return shared_prompt_cache(model.get_decoder(), ids[:, :-1], mask[:, :-1], position_ids, groups)
+    return shared_prompt_cache(model.get_decoder(), ids[:, :-1], mask[:, :-1], position_ids(mask)[:, :-1], groups)
 
 
 def _prefill(model, ids: torch.Tensor, mask: torch.Tensor):
@@ -448,8 +453,7 @@ def _prefill(model, ids: torch.Tensor, mask: torch.Tensor):
     cache = _plain_dynamic_cache(model.config)
     if cache is None or ids.shape[1] < 2:
         return cache
-    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, :-1]
-    model.get_decoder()(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids,
+    model.get_decoder()(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids(mask)[:, :-1],
                         use_cache=True, **{cache_kwarg(): cache})
     return cache
 
@@ -601,7 +605,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, 
     rows = torch.arange(n, device=device)  # (n,) the batch row of each unfinished row
     seq = input_ids  # (n, S + t) prompt and tokens so far (the processors' view)
     mask = attention_mask.long()  # (n, S + t)
-    position = (mask.cumsum(-1) - 1).clamp(min=0)[:, -1:]  # (n, 1) position of the token fed next
+    position = position_ids(mask)[:, -1:]  # (n, 1) position of the token fed next
     token = input_ids[:, -1:]  # (n, 1)
     kwarg = cache_kwarg()
     steps = 0

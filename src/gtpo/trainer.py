@@ -53,6 +53,7 @@ from .losses import policy_loss
 from .ops import masked_mean, token_logprobs_and_entropy
 from .rollout import (
     Rollout, completion_hidden_states, completion_mask_from_ids, encode_prompts, eos_token_ids, generate,
+    position_ids,
 )
 
 logger = logging.getLogger("gtpo")
@@ -97,12 +98,11 @@ class PolicyForward(nn.Module):
         """``input_ids (N, S+T)``, ``attention_mask (N, S+T)``, ``completion_ids (N, T)`` ->
         ``logp (N, T)`` (with grad) and ``entropy (N, T)`` (no grad)."""
         base = self._base()
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         t = completion_ids.shape[1]
         config = base.config
         special_head = getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)
         if special_head:  # models that post-process logits: use the full head (rare; exact)
-            logits = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            logits = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
                           use_cache=False, logits_to_keep=t + 1).logits[:, :-1].float() / temperature
             logp_all = torch.log_softmax(logits, dim=-1)
             logp = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
