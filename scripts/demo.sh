@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh demo
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-gtpo train "$@"
+gtpo train --demo "$@"

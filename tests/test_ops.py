@@ -216,7 +216,8 @@ def test_weight_only_gradient_and_no_grad_mode():
     with torch.no_grad():
         logp_ng, _ = token_logprobs_and_entropy(hidden, weight, targets)
     assert not logp_ng.requires_grad
-    torch.testing.assert_close(logp_ng, logp.detach(), rtol=0, atol=0)
+    # another chunking (the default size vs 4 rows) adds in another order: float64 rounding, not bitwise
+    torch.testing.assert_close(logp_ng, logp.detach(), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -168,6 +168,66 @@ def rotate(output_dir: str, keep: int | None) -> None:
         remove_checkpoint(path)
 
 
+def _numpy_globals() -> list:
+    """The numpy types a pickled RNG state holds (``np.random.get_state()`` is an ndarray)."""
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_torch_file(path: str) -> Any:
+    """``torch.load`` a checkpoint file with ``weights_only=True``: tensors, numbers, strings,
+    containers and numpy arrays only.
+
+    Unpickling anything else could run arbitrary code from a checkpoint someone else wrote, so a
+    file holding other Python objects is refused with a ``ValueError`` that names it.
+    """
+    import pickle
+
+    import torch
+
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
+        what = f" (it holds {found.group(1)})" if found else ""
+        raise ValueError(
+            f"{path} holds pickled Python objects besides tensors, numbers and containers{what}; gtpo loads "
+            "checkpoint files with torch.load(weights_only=True) and refuses it, because unpickling it could "
+            "run arbitrary code. Resume only from checkpoints written by gtpo"
+        ) from err
+
+
+def rng_state() -> dict[str, Any]:
+    """The Python, numpy, torch (and CUDA) random states, in a form :func:`load_torch_file` accepts."""
+    import random
+
+    import numpy as np
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    import random
+
+    import numpy as np
+    import torch
+
+    python = state["python"]  # a tuple pickled as a list of lists by some writers: back to tuples
+    random.setstate((python[0], tuple(python[1]), python[2]))
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 def read_state(checkpoint_dir: str) -> dict[str, Any]:
     """The ``trainer_state.json`` of a checkpoint; ValueError naming the path if absent or unreadable."""
     path = os.path.join(checkpoint_dir, STATE_FILE)

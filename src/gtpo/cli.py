@@ -4,9 +4,11 @@
 a run: ``model``, ``dataset``, ``eval_dataset``, ``reward_funcs``, ``peft``, ``sft_warmup`` and
 every :class:`gtpo.GTPOConfig` field at the top level. ``--field value`` overrides any of them;
 nested keys use dotted names (``--peft.r 16``, ``--dataset.size 500``). Values are read as YAML
-(``true``, ``1e-3``, ``[1, 8]``). With no arguments it runs the embedded default
-(``gtpo/configs/default.yaml``): SmolLM2-135M-Instruct with LoRA on an offline arithmetic task.
-Works unchanged under ``accelerate launch``.
+(``true``, ``1e-3``, ``[1, 8]``). With no arguments at all it runs the embedded default
+(``gtpo/configs/default.yaml``): SmolLM2-135M-Instruct with LoRA on an offline arithmetic task;
+``--demo`` starts from it with overrides. Any other call starts from :class:`gtpo.GTPOConfig`'s
+defaults, and ``model``, ``dataset`` and ``reward_funcs`` must be given. Works unchanged under
+``accelerate launch``.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ RUN_DEFAULTS: dict[str, Any] = {
     "model": None,
     "dataset": None,
     "eval_dataset": None,
-    "reward_funcs": ["correctness"],
+    "reward_funcs": None,
     "eval_reward": "correctness",
     "eval_before_after": False,
     "peft": None,
@@ -150,8 +152,17 @@ def apply_overrides(spec: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     return spec
 
 
-def split_spec(spec: dict[str, Any], *, source: str) -> tuple[dict[str, Any], GTPOConfig]:
-    """Separate run keys from config fields; validate both; returns ``(run, config)``."""
+def split_spec(spec: dict[str, Any], *, source: str,
+               options: frozenset[str] | set[str] = frozenset()) -> tuple[dict[str, Any], GTPOConfig]:
+    """Separate run keys from config fields; validate both; returns ``(run, config)``.
+
+    An error about a value names where it came from: ``--field`` when ``field`` is in ``options``
+    (the keys set on the command line), else ``source`` (the YAML file).
+    """
+
+    def where(key: str | None) -> str:
+        return f"--{key}" if key in options else source
+
     fields = GTPOConfig.field_names()
     run = dict(RUN_DEFAULTS)
     cfg_values = {}
@@ -164,32 +175,33 @@ def split_spec(spec: dict[str, Any], *, source: str) -> tuple[dict[str, Any], GT
             raise ConfigError(f"{source}: unknown config field {key!r}{_suggest(key, fields + list(RUN_KEYS))}")
     types = {f.name: f.type for f in dataclasses.fields(GTPOConfig)}
     for key, value in list(cfg_values.items()):
-        cfg_values[key] = _coerce(key, value, types[key], source)
+        cfg_values[key] = _coerce(key, value, types[key], where(key))
     try:
         config = GTPOConfig.from_dict(cfg_values, source=source)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"{source}: {err}") from None
+        raise ConfigError(f"{where(getattr(err, 'field', None))}: {err}") from None
     for name, allowed in (("dataset", DATASET_KEYS), ("eval_dataset", DATASET_KEYS), ("peft", PEFT_KEYS),
                           ("sft_warmup", SFT_KEYS)):
         value = run.get(name)
         if isinstance(value, dict):
             for key in value:
                 if key not in allowed:
-                    raise ConfigError(f"{source}: unknown key '{name}.{key}'{_suggest(key, list(allowed))}")
+                    raise ConfigError(f"{where(f'{name}.{key}')}: unknown key '{name}.{key}'"
+                                      f"{_suggest(key, list(allowed))}")
     if isinstance(run["reward_funcs"], str):
         run["reward_funcs"] = [s.strip() for s in run["reward_funcs"].split(",") if s.strip()]
-    _check_run_keys(run, source)
+    _check_run_keys(run, source, where)
     return run, config
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
-def _check_run_keys(run: dict[str, Any], source: str) -> None:
+def _check_run_keys(run: dict[str, Any], source: str, where=None) -> None:
     """Types of the run keys (``model``, ``dataset``, ...), each error naming the key."""
 
     def bad(key: str, expected: str) -> ConfigError:
-        return ConfigError(f"{source}: {key} must be {expected}, got {run[key]!r}")
+        return ConfigError(f"{where(key) if where else source}: {key} must be {expected}, got {run[key]!r}")
 
     if run["model"] is not None and not isinstance(run["model"], str):
         raise bad("model", "a hub id, a local path or a .gguf file (a string)")
@@ -197,7 +209,8 @@ def _check_run_keys(run: dict[str, Any], source: str) -> None:
         if run[key] is not None and not isinstance(run[key], (str, dict)):
             raise bad(key, "a task name, a file path, or a mapping {name, split, size, ...}")
     funcs = run["reward_funcs"]
-    if not isinstance(funcs, list) or not funcs or not all(isinstance(f, str) and f.strip() for f in funcs):
+    if funcs is not None and (not isinstance(funcs, list) or not funcs
+                              or not all(isinstance(f, str) and f.strip() for f in funcs)):
         raise bad("reward_funcs", "a non-empty list of reward names (e.g. [correctness, format])")
     if run["eval_reward"] is not None and not isinstance(run["eval_reward"], str):
         raise bad("eval_reward", "a reward name or null")
@@ -232,15 +245,34 @@ def _coerce(key: str, value: Any, type_text: Any, source: str) -> Any:
             return int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
+    if t.startswith("float") or t.startswith("list[float]"):
+        value = _yaml11_float(value, t)
     if t.startswith("float"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{source}: {key} must be a number, got {value!r}")
         return float(value)
-    if t.startswith("str") and not isinstance(value, str):
+    if t.startswith("str") and "list" not in t and not isinstance(value, str):
         raise ConfigError(f"{source}: {key} must be a string, got {value!r}")
     if t.startswith("list[int]") and isinstance(value, int):
         return [value]
     return value
+
+
+def _yaml11_float(value: Any, type_text: str) -> Any:
+    """``'1e-5'`` -> ``1e-05``: PyYAML reads YAML 1.1, where a float needs a dot (``1.0e-5``), so
+    ``1e-5`` arrives as a string; accept every spelling Python's ``float`` accepts."""
+
+    def one(v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                return float(v.strip())
+            except ValueError:
+                return v
+        return v
+
+    if type_text.startswith("list[float]") and isinstance(value, list):
+        return [one(v) for v in value]
+    return one(value)
 
 
 # ----------------------------------------------------------------------------- building a run
@@ -288,6 +320,8 @@ def resume_command(argv: list[str] | None, *, source: str, output_dir: str) -> s
     or an earlier resume option) plus ``--resume_from_checkpoint true``."""
     if argv is None:
         args = ([source] if os.path.isfile(source) else []) + ["--output_dir", output_dir]
+    elif not argv:  # `gtpo train` alone ran the default run; with an option it must be asked for
+        args = ["--demo"]
     else:
         args, i = [], 0
         drop = ("--resume_from_checkpoint", "--overwrite", "--overwrite_output_dir", "--print_config")
@@ -303,19 +337,27 @@ def resume_command(argv: list[str] | None, *, source: str, output_dir: str) -> s
     return "gtpo train " + shlex.join(args + ["--resume_from_checkpoint", "true"])
 
 
-def run_train(spec: dict[str, Any], *, source: str, argv: list[str] | None = None) -> int:
+def run_train(spec: dict[str, Any], *, source: str, argv: list[str] | None = None,
+              options: frozenset[str] | set[str] = frozenset()) -> int:
     """Run ``gtpo train`` from a merged spec (YAML + overrides); ``argv`` (the command line after
-    ``train``) is used to print the exact command that resumes the run."""
+    ``train``) is used to print the exact command that resumes the run; ``options`` are the keys
+    set on the command line (errors about them name the option)."""
     from .checkpoint import CheckpointError
     from .models import load_model_and_tokenizer
     from .rewards import resolve_reward
     from .trainer import GTPOTrainer, TrainingStopped
 
-    run, config = split_spec(spec, source=source)
+    run, config = split_spec(spec, source=source, options=options)
     logging.basicConfig(level=getattr(logging, str(run["log_level"]).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not run["model"]:
-        raise ConfigError(f"{source}: no model given: set `model:` or pass --model PATH|HUB_ID")
+    missing = [(key, hint) for key, hint in (
+        ("model", "--model PATH|HUB_ID"), ("dataset", "--dataset NAME|FILE"),
+        ("reward_funcs", "--reward_funcs correctness (names: paper, correctness, format, ...)"))
+        if not run[key]]
+    if missing:
+        raise ConfigError(
+            f"{source}: a run needs " + "; ".join(f"{key} (set `{key}:` or pass {hint})" for key, hint in missing)
+            + ". Only `gtpo train` without arguments runs the offline demo; `--demo` starts from it")
     train_ds = load_dataset_spec(run["dataset"], default_split="train")
     eval_ds = None if run["eval_dataset"] is None else load_dataset_spec(run["eval_dataset"], default_split="test")
     rewards = [resolve_reward(r) for r in run["reward_funcs"]]
@@ -357,11 +399,17 @@ def run_train(spec: dict[str, Any], *, source: str, argv: list[str] | None = Non
             print(f"training stopped by {trainer.stopped_by} after step {trainer.global_step} of {config.max_steps}; "
                   f"checkpoint: {trainer.stopped_early}\nresume with: {again}", flush=True)
         return 0
-    summary: dict[str, Any] = {}
+    summary: dict[str, Any] = {"no_signal_steps": sum(trainer.no_signal_steps.values()),
+                               "no_signal_reasons": dict(trainer.no_signal_steps)}
     if state.is_main_process:
+        if summary["no_signal_steps"]:
+            print(f"{trainer.no_signal_summary()} of {trainer.global_step} steps had no gradient signal "
+                  "(filtered: the entropy filter dropped every completion; zero-variance: every group's rewards "
+                  "were equal; masked: every completion was truncated and masked; nonfinite: the update was "
+                  "skipped)", flush=True)
         if run["eval_before_after"] and eval_ds is not None:
             after = _greedy_accuracy(trainer.unwrapped_model, tokenizer, eval_ds, eval_reward, config)
-            summary = {"accuracy_after": after, "eval_size": len(eval_ds)}
+            summary.update({"accuracy_after": after, "eval_size": len(eval_ds)})
             if before is not None:
                 summary["accuracy_before"] = before
             print(f"greedy accuracy after training:  {after:.1%} on {len(eval_ds)} held-out problems", flush=True)
@@ -401,7 +449,11 @@ def _write_summary_and_report(output_dir: str, summary: dict[str, Any]) -> None:
 
 # ----------------------------------------------------------------------------- argparse
 def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", nargs="?", help="YAML config file (default: the embedded offline default run)")
+    parser.add_argument("config", nargs="?", help="YAML config file (default: GTPOConfig's defaults; with no "
+                                                  "arguments at all, the embedded offline default run)")
+    parser.add_argument("--demo", action="store_true",
+                        help="Start from the embedded offline default run (what `gtpo train` without arguments "
+                             "runs: SmolLM2-135M-Instruct + LoRA on offline arithmetic), e.g. --demo --seed 1.")
     run = parser.add_argument_group("run (YAML top-level keys)")
     for key, doc in RUN_KEYS.items():
         run.add_argument(f"--{key}", metavar="VALUE", help=doc, default=argparse.SUPPRESS)
@@ -431,8 +483,10 @@ def train_main(argv: list[str]) -> int:
     rest = list(argv)
     if rest and not rest[0].startswith("--"):
         config_path = rest.pop(0)
-    print_config = "--print_config" in rest
-    rest = [a for a in rest if a != "--print_config"]
+    flags = {"--print_config", "--print-config", "--demo"}
+    print_config = bool({"--print_config", "--print-config"} & set(rest))
+    demo = not argv or "--demo" in rest
+    rest = [a for a in rest if a not in flags]
     overrides = parse_overrides(rest)
     preset = overrides.pop("preset", None)
     if "overwrite" in overrides:  # --overwrite: alias of --overwrite_output_dir true
@@ -440,61 +494,109 @@ def train_main(argv: list[str]) -> int:
         if not isinstance(value, bool):
             raise ConfigError(f"--overwrite takes no value (or true/false), got {value!r}")
         overrides["overwrite_output_dir"] = value
-    if config_path is None:
+    if demo and config_path is not None:
+        raise ConfigError(f"--demo starts from the embedded default run; it cannot be combined with a config file "
+                          f"({config_path!r})")
+    if demo:
         spec = yaml.safe_load(default_config_text())
-        source = "the default config (gtpo/configs/default.yaml)"
+        source = "the default run (gtpo/configs/default.yaml)"
+    elif config_path is None:
+        spec = {}
+        source = "the command line"
     else:
         spec = load_yaml(config_path)
         source = config_path
-    if preset:
-        spec = {**GTPOConfig.preset_values(preset), **spec}
     allowed = set(GTPOConfig.field_names()) | set(RUN_KEYS)
     for key in overrides:
         top = key.split(".")[0]
         if top not in allowed:
             raise ConfigError(f"unknown option --{key}{_suggest(top, sorted(allowed))}")
     spec = apply_overrides(spec, overrides)
+    if preset:
+        if preset not in GTPOConfig.PRESETS:
+            raise ConfigError(f"--preset: unknown preset {preset!r}; known presets: {list(GTPOConfig.PRESETS)}")
+        spec = GTPOConfig.apply_preset(preset, spec)  # the config file's and the options' values win
+    options = {key.split(".")[0] for key in overrides} | ({"preset"} if preset else set())
     if print_config:
-        split_spec(spec, source=source)
+        split_spec(spec, source=source, options=options)
         print(yaml.safe_dump(spec, sort_keys=False))
         return 0
-    return run_train(spec, source=source, argv=list(argv))
+    return run_train(spec, source=source, argv=list(argv), options=options)
+
+
+SFT_RUN_KEYS = {
+    "model": RUN_KEYS["model"],
+    "dataset": RUN_KEYS["dataset"],
+    "peft": "LoRA settings {r, lora_alpha, lora_dropout, target_modules} (merged into the saved model), or null "
+            "for full fine-tuning.",
+}
 
 
 def sft_main(argv: list[str]) -> int:
-    """``gtpo sft [CONFIG.yaml] [--field value]``: supervised fine-tuning on the task's answers."""
+    """``gtpo sft [CONFIG.yaml] [--field value]``: supervised fine-tuning on the task's answers (TRL's SFTTrainer).
+
+    With no arguments at all it runs the offline default run's SFT (SmolLM2, arithmetic, LoRA);
+    ``--demo`` starts from it with overrides; any other call needs ``model`` and ``dataset``.
+    """
     import yaml
 
-    parser = argparse.ArgumentParser(prog="gtpo sft", description=sft_main.__doc__)
-    parser.add_argument("config", nargs="?", help="YAML with model, dataset, peft, output_dir, max_steps, learning_rate, ...")
+    from .sft import SFTArgs
+
+    docs = {**SFT_RUN_KEYS, **SFTArgs.field_help()}
+    parser = argparse.ArgumentParser(prog="gtpo sft", description=sft_main.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", nargs="?", help="YAML file with any of the keys below")
+    parser.add_argument("--demo", action="store_true", help="Start from the offline default run's model, data and LoRA.")
+    keys = parser.add_argument_group("keys (YAML top level, or --key value; nested: --peft.r 16)")
+    defaults = {f.name: f.default for f in dataclasses.fields(SFTArgs)}
+    for key, doc in docs.items():
+        shown = f" (default: {defaults[key]!r})" if key in defaults else ""
+        keys.add_argument(f"--{key}", metavar="VALUE", default=argparse.SUPPRESS, help=(doc + shown).replace("%", "%%"))
     if any(a in ("-h", "--help") for a in argv):
         parser.print_help()
-        print("\nKeys: model, dataset, peft, output_dir, max_steps, learning_rate, batch_size, max_length, seed, "
-              "gradient_accumulation_steps, lr_scheduler_type, warmup_ratio, report_to")
         return 0
     rest = list(argv)
-    spec = yaml.safe_load(default_config_text())
-    spec = {k: spec[k] for k in ("model", "dataset", "peft") if k in spec}
-    spec.update({"output_dir": "runs/sft", "max_steps": 100, "learning_rate": 2e-4})
-    source = "the default config"
+    demo = not argv or "--demo" in rest
+    rest = [a for a in rest if a != "--demo"]
+    spec: dict[str, Any] = {}
+    source = "the command line"
+    if demo:
+        default = yaml.safe_load(default_config_text())
+        spec = {k: default[k] for k in ("model", "dataset", "peft") if k in default}
+        source = "the default run (gtpo/configs/default.yaml)"
     if rest and not rest[0].startswith("--"):
+        if demo:
+            raise ConfigError("--demo cannot be combined with a config file")
         source = rest.pop(0)
         spec.update(load_yaml(source))
-    spec = apply_overrides(spec, parse_overrides(rest))
+    overrides = parse_overrides(rest)
+    for key in overrides:
+        top = key.split(".")[0]
+        if top not in docs:
+            raise ConfigError(f"unknown option --{key}{_suggest(top, sorted(docs))}")
+    spec = apply_overrides(spec, overrides)
+    for key in spec:
+        if key not in docs:
+            raise ConfigError(f"{source}: unknown sft key {key!r}{_suggest(key, sorted(docs))}")
+    for key in ("model", "dataset"):
+        if not spec.get(key):
+            raise ConfigError(f"{source}: gtpo sft needs {key} (set `{key}:` or pass --{key}); `--demo` starts "
+                              "from the offline default run")
     from .models import load_model_and_tokenizer
     from .sft import run_sft
 
-    allowed = {"model", "dataset", "peft", "output_dir", "max_steps", "learning_rate", "batch_size", "max_length",
-               "seed", "gradient_accumulation_steps", "lr_scheduler_type", "warmup_ratio", "report_to", "logging_steps",
-               "save_steps", "bf16"}
-    for key in spec:
-        if key not in allowed:
-            raise ConfigError(f"{source}: unknown sft key {key!r}{_suggest(key, sorted(allowed))}")
+    types = {f.name: f.type for f in dataclasses.fields(SFTArgs)}
+    settings = {k: _coerce(k, v, types[k], f"--{k}" if k in overrides else source)
+                for k, v in spec.items() if k in types}
+    try:
+        args = SFTArgs(**settings)
+    except ValueError as err:
+        raise ConfigError(f"{source}: {err}") from None
     logging.basicConfig(level=logging.INFO)
-    train_ds = load_dataset_spec(spec.pop("dataset", None), default_split="train")
-    model, tokenizer = load_model_and_tokenizer(str(spec.pop("model")))
-    peft_config = build_peft_config(spec.pop("peft", None))
-    out = run_sft(model, tokenizer, train_ds, peft_config=peft_config, **spec)
+    train_ds = load_dataset_spec(spec["dataset"], default_split="train")
+    model, tokenizer = load_model_and_tokenizer(str(spec["model"]))
+    peft_config = build_peft_config(spec.get("peft"))
+    out = run_sft(model, tokenizer, train_ds, args, peft_config=peft_config)
     print(f"SFT model saved in {out}")
     return 0
 

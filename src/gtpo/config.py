@@ -12,10 +12,14 @@ Presets (:meth:`GTPOConfig.from_preset`):
 * ``official`` -- the released code's choices, which produced the published numbers: fixed
   entropy threshold 0.7 applied to every completion, gamma 0.1, conflict weights 2.0 / 0.0
   multiplied across the prefix and suffix runs, each completion's loss divided by its
-  conflict count, completions summed.
+  conflict count, completions summed; sampling at temperature 0.9, log-probs and entropies
+  from the raw logits (``logprob_temperature`` 1.0).
 * ``paper`` -- the printed objective: mean over the G completions, no conflict-count division,
   the <H>_ini rule with threshold ln 2 (filter only if the policy started below ln 2).
-* ``grpo``, ``dr_grpo``, ``dapo`` -- the baselines with their usual settings.
+* ``grpo``, ``dr_grpo``, ``dapo`` -- the baselines with their usual settings; ``dapo`` is DAPO's
+  final recipe: clip-higher (0.28), token-mean loss, dynamic sampling, truncated completions masked
+  out of the loss, and soft overlong punishment over the last fifth of ``max_completion_length``
+  (penalty up to 1.0).
 
 This module imports nothing from torch or the rest of the package.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -39,6 +44,14 @@ CONFLICT_COMBINE = ("product", "union")
 CONFLICT_COUNT = ("max_run", "union")
 COMPLETION_REDUCTIONS = ("sum", "mean")
 REPORT_TARGETS = ("none", "tensorboard", "wandb", "trackio")
+
+
+class ConfigValueError(ValueError):
+    """A config value that is wrong; ``field`` names the field (None when it is about several)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -161,8 +174,9 @@ class GTPOConfig:
     max_resample_rounds: int = _f(3, "Extra rollout rounds dynamic sampling may use to fill the batch.")
     overlong_buffer_length: int = _f(
         0,
-        "DAPO overlong reward shaping: completions longer than max_completion_length - buffer get a linear "
-        "penalty up to overlong_penalty_factor. 0 disables.",
+        "DAPO soft overlong punishment: completions longer than max_completion_length - buffer get a linear "
+        "penalty up to overlong_penalty_factor at max_completion_length. 0 disables. The dapo preset sets "
+        "max_completion_length // 5 (DAPO's recipe: 4,096 of 20,480 tokens; Yu et al. 2025).",
     )
     overlong_penalty_factor: float = _f(1.0, "Maximum overlong penalty (subtracted from the reward).")
 
@@ -171,7 +185,17 @@ class GTPOConfig:
         512, "Prompts longer than this many tokens are dropped from the dataset (with a count). [C] 4000."
     )
     max_completion_length: int = _f(256, "Maximum generated tokens per completion. [C] 1500.")
-    temperature: float = _f(1.0, "Sampling temperature; also divides the logits when computing log-probs and entropy.")
+    temperature: float = _f(
+        1.0,
+        "Sampling temperature of the rollouts. [C] samples at 0.9 (train_model.py sets none, so the Unsloth / TRL "
+        "0.15.2 default 0.9 applies).",
+    )
+    logprob_temperature: float | None = _f(
+        None,
+        "Temperature that divides the logits for the training log-probs and entropies (and so for the entropy "
+        "filter, <H>_ini and the gamma shift). None: the same as temperature (TRL's behaviour). [C] computes them "
+        "from the raw logits (1.0) while sampling at 0.9; the official preset does the same.",
+    )
     top_p: float = _f(1.0, "Nucleus sampling probability.")
     top_k: int = _f(0, "Top-k sampling; 0 disables it.")
     repetition_penalty: float = _f(1.0, "Repetition penalty (1.0 = none); other values sample with transformers generate (decode_loop does not apply it).")
@@ -272,6 +296,10 @@ class GTPOConfig:
         return "group" if self.loss_type in ("grpo", "dapo") else "none"
 
     @property
+    def resolved_logprob_temperature(self) -> float:
+        return self.temperature if self.logprob_temperature is None else self.logprob_temperature
+
+    @property
     def resolved_epsilon_high(self) -> float:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
@@ -280,11 +308,21 @@ class GTPOConfig:
         return self.loss_type == "dapo" if self.dynamic_sampling is None else self.dynamic_sampling
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the field, the expected values and the value got.
+        """Raise :class:`ConfigValueError` (a ``ValueError``) naming the field, the expected values and
+        the value got; its ``field`` attribute holds the field's name.
 
         Every field's value is first checked against its annotation (so a wrong type never gets
         as far as the trainer), then ranges and choices, then combinations of fields.
         """
+        try:
+            self._validate()
+        except ConfigValueError:
+            raise
+        except ValueError as err:  # every message starts with "GTPOConfig.<field>"
+            found = re.match(r"GTPOConfig\.(\w+)", str(err))
+            raise ConfigValueError(str(err), found.group(1) if found else None) from None
+
+    def _validate(self) -> None:
         for f in fields(self):
             problem = _type_problem(getattr(self, f.name), _annotation(f))
             if problem:
@@ -358,6 +396,7 @@ class GTPOConfig:
         at_least("overlong_penalty_factor", 0.0)
         at_least("eval_temperature", 0.0)
         at_least("temperature", 0.0, strict=True)
+        at_least("logprob_temperature", 0.0, strict=True, allow_none=True)
         at_least("learning_rate", 0.0)
         at_least("epsilon", 0.0)
         at_least("epsilon_high", 0.0, allow_none=True)
@@ -408,6 +447,7 @@ class GTPOConfig:
                 conflict_combine="product", conflict_count="max_run", divide_by_conflict_count=True,
                 completion_reduction="sum", entropy_filter=True, entropy_threshold=0.7,
                 entropy_rule="fixed", entropy_filter_scope="all", gamma=0.1, beta=0.0, num_iterations=1,
+                temperature=0.9, logprob_temperature=1.0,
             ),
             "paper": dict(
                 loss_type="gtpo", scale_rewards="none", pos_weight=2.0, neg_weight=0.0,
@@ -419,7 +459,7 @@ class GTPOConfig:
             "dr_grpo": dict(loss_type="dr_grpo", scale_rewards="none", epsilon=0.2, epsilon_high=None, beta=0.0),
             "dapo": dict(
                 loss_type="dapo", scale_rewards="group", epsilon=0.2, epsilon_high=0.28, beta=0.0,
-                dynamic_sampling=True, mask_truncated_completions=True,
+                dynamic_sampling=True, mask_truncated_completions=True, overlong_penalty_factor=1.0,
             ),
         }
         if name not in presets:
@@ -427,11 +467,25 @@ class GTPOConfig:
         return dict(presets[name])
 
     @classmethod
+    def apply_preset(cls, name: str, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` on top of preset ``name``, plus what the preset derives from them.
+
+        ``dapo``: DAPO's soft overlong punishment (Yu et al. 2025) with its buffer scaled to the
+        length budget as in the paper's recipe (4,096 of 20,480 tokens): ``overlong_buffer_length =
+        max_completion_length // 5`` unless ``values`` sets it. Keys that are not config fields
+        (the CLI's ``model``, ``dataset``, ...) pass through unchanged.
+        """
+        merged = {**cls.preset_values(name), **values}
+        if name == "dapo" and "overlong_buffer_length" not in values:
+            length = merged.get("max_completion_length", cls.max_completion_length)
+            if isinstance(length, int) and not isinstance(length, bool) and length >= 1:
+                merged["overlong_buffer_length"] = max(1, length // 5)
+        return merged
+
+    @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "GTPOConfig":
         """A config from a preset, with keyword overrides: ``GTPOConfig.from_preset("paper", group_size=12)``."""
-        values = cls.preset_values(name)
-        values.update(overrides)
-        return cls.from_dict(values)
+        return cls.from_dict(cls.apply_preset(name, overrides))
 
     @classmethod
     def field_names(cls) -> list[str]:

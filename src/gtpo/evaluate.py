@@ -1462,46 +1462,51 @@ def _parse_columns(value: str | None) -> dict | None:
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``gtpo eval`` options to ``parser``."""
-    parser.add_argument("--model", help="model path, hub id, .gguf file or smollm2-135m-instruct")
-    parser.add_argument("--adapter", default=None, help="peft adapter directory applied on the model")
-    parser.add_argument("--dataset", help="gsm8k, math, math500, aime24, aime25, amc23, mmlu, a "
+    """Add the ``gtpo eval`` options to ``parser``; each ``--a-b`` option is also accepted as ``--a_b``."""
+
+    def add(name: str, *args, **kw) -> None:
+        names = [name] + (["--" + name[2:].replace("-", "_")] if "-" in name[2:] else [])
+        parser.add_argument(*names, *args, **kw)
+
+    add("--model", help="model path, hub id, .gguf file or smollm2-135m-instruct")
+    add("--adapter", default=None, help="peft adapter directory applied on the model")
+    add("--dataset", help="gsm8k, math, math500, aime24, aime25, amc23, mmlu, a "
                         "reasoning-gym task (rg:<task>), or a .jsonl/.json/.parquet/.csv file")
-    parser.add_argument("--data-path", default=None,
+    add("--data-path", default=None,
                         help="local copy of a hub dataset in the hub's format (offline use)")
-    parser.add_argument("--columns", default=None,
+    add("--columns", default=None,
                         help="local files: column mapping, e.g. question=problem,answer=solution")
-    parser.add_argument("--split", default="test", help="dataset split (default: test)")
-    parser.add_argument("--size", type=int, default=None, help="evaluate on this many problems")
-    parser.add_argument("--seed", type=int, default=0, help="subsampling and sampling seed")
-    parser.add_argument("--template", default="paper", help="prompt template (gtpo.data.TEMPLATES)")
-    parser.add_argument("--n", type=int, default=64, help="completions per problem (default 64)")
-    parser.add_argument("--k", default=None,
+    add("--split", default="test", help="dataset split (default: test)")
+    add("--size", type=int, default=None, help="evaluate on this many problems")
+    add("--seed", type=int, default=0, help="subsampling and sampling seed")
+    add("--template", default="paper", help="prompt template (gtpo.data.TEMPLATES)")
+    add("--n", type=int, default=64, help="completions per problem (default 64)")
+    add("--k", default=None,
                         help="pass@k values, e.g. 1,8,16,32,64 (default: 1, 8, 16, ... up to n, and n)")
-    parser.add_argument("--maj-k", default=None, help="maj@k values (default: the --k values)")
-    parser.add_argument("--maj-estimator", default=None, choices=MAJ_ESTIMATORS,
+    add("--maj-k", default=None, help="maj@k values (default: the --k values)")
+    add("--maj-estimator", default=None, choices=MAJ_ESTIMATORS,
                         help="expected (default): mean over all size-k subsets (ties count 1/t); "
                         "first: the first k samples (ties to the earliest answer)")
-    parser.add_argument("--unparsable", default=None, choices=UNPARSABLE_MODES,
+    add("--unparsable", default=None, choices=UNPARSABLE_MODES,
                         help="samples with no answer: abstain from the vote (default), or vote "
                         "as one class that is never correct")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--max-new-tokens", type=int, default=1024)
-    parser.add_argument("--max-prompt-length", type=int, default=None)
-    parser.add_argument("--batch-size", type=int, default=64, help="completions sampled per batch")
-    parser.add_argument("--answer-from", default=None, choices=("auto", "tag", "boxed", "last_number"),
+    add("--temperature", type=float, default=1.0)
+    add("--top-p", type=float, default=1.0)
+    add("--top-k", type=int, default=0)
+    add("--max-new-tokens", type=int, default=1024)
+    add("--max-prompt-length", type=int, default=None)
+    add("--batch-size", type=int, default=64, help="completions sampled per batch")
+    add("--answer-from", default=None, choices=("auto", "tag", "boxed", "last_number"),
                         help="where the answer is read from a completion (default: auto = the "
                         "<answer> tag, else \\boxed{}, else the last number)")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    parser.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
-    parser.add_argument("--mmlu-chat-template", action="store_true",
+    add("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    add("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
+    add("--mmlu-chat-template", action="store_true",
                         help="MMLU: put the question in the chat template")
-    parser.add_argument("--out", default=None, help="write the results (with every sample) as JSON")
-    parser.add_argument("--rescore", default=None, metavar="RESULTS_JSON",
+    add("--out", default=None, help="write the results (with every sample) as JSON")
+    add("--rescore", default=None, metavar="RESULTS_JSON",
                         help="recompute the metrics of a results file instead of generating")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add("--no-progress", action="store_true", help="no progress bar")
 
 
 def eval_main(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -36,6 +37,7 @@ __all__ = [
     "format_target",
     "reasoning_from_row",
     "build_sft_dataset",
+    "SFTArgs",
     "build_sft_trainer",
     "run_sft",
 ]
@@ -282,27 +284,68 @@ def _save_final(model, tokenizer, output_dir: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def build_sft_trainer(
-    model,
-    tokenizer,
-    train_dataset,
-    *,
-    output_dir: str,
-    max_steps: int = 100,
-    learning_rate: float = 2e-4,
-    batch_size: int = 8,
-    gradient_accumulation_steps: int = 1,
-    max_length: int | None = 512,
-    peft_config=None,
-    seed: int = 42,
-    logging_steps: int = 1,
-    save_steps: int = 0,
-    lr_scheduler_type: str = "cosine",
-    warmup_ratio: float = 0.0,
-    report_to: str | list[str] = "none",
-    bf16: bool = False,
-    gradient_checkpointing: bool = False,
-):
+def _sft_field(default: Any, help: str) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass
+class SFTArgs:
+    """Settings of a supervised fine-tuning run (:func:`run_sft`); ``gtpo sft --help`` lists them."""
+
+    output_dir: str = _sft_field("runs/sft", "Where the final model, tokenizer, sft_metrics.jsonl and any TRL "
+                                             "checkpoints go; created if missing.")
+    max_steps: int = _sft_field(100, "Optimiser steps (the data is cycled through as many epochs as needed).")
+    learning_rate: float = _sft_field(2e-4, "Peak AdamW learning rate (2e-4 is the usual LoRA value; TRL's default "
+                                            "for full fine-tuning is 2e-5).")
+    batch_size: int = _sft_field(8, "Examples per device and micro-batch (per_device_train_batch_size).")
+    gradient_accumulation_steps: int = _sft_field(1, "Micro-batches per optimiser step.")
+    max_length: int | None = _sft_field(512, "Tokens per example (prompt + completion, after the chat template); "
+                                             "longer ones are cut at the end. null: no truncation.")
+    seed: int = _sft_field(42, "Seed of the data order and of the adapter initialisation.")
+    logging_steps: int = _sft_field(1, "Log (and write a sft_metrics.jsonl row) every this many steps.")
+    save_steps: int = _sft_field(0, "Save a TRL checkpoint every this many steps (0: none; the final model is "
+                                    "always saved).")
+    lr_scheduler_type: str = _sft_field("cosine", "A transformers scheduler name (cosine, linear, constant, ...).")
+    warmup_ratio: float = _sft_field(0.0, "Fraction of max_steps with a linear warm-up, in [0, 1).")
+    report_to: str | list[str] = _sft_field("none", "transformers integrations (none, tensorboard, wandb, ...).")
+    bf16: bool = _sft_field(False, "bf16 mixed precision (TRL defaults it to true; off here for CPU runs).")
+    gradient_checkpointing: bool = _sft_field(False, "Recompute activations in the backward pass to save memory.")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.output_dir, (str, os.PathLike)) or not str(self.output_dir):
+            raise ValueError(f"output_dir: expected a directory path, got {self.output_dir!r}")
+        for name in ("max_steps", "batch_size", "gradient_accumulation_steps", "logging_steps"):
+            _check_positive_int(name, getattr(self, name))
+        _check_positive_int("save_steps", self.save_steps, minimum=0)
+        if self.max_length is not None:
+            _check_positive_int("max_length", self.max_length)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed: expected an integer, got {self.seed!r}")
+        lr = self.learning_rate
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+            raise ValueError(f"learning_rate: expected a positive finite number, got {lr!r}")
+        w = self.warmup_ratio
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w < 1.0:
+            raise ValueError(f"warmup_ratio: expected a number in [0, 1), got {w!r}")
+        self.output_dir = str(self.output_dir)
+
+    @classmethod
+    def field_help(cls) -> dict[str, str]:
+        return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}
+
+
+def _sft_args(args: SFTArgs | None, fields: dict[str, Any]) -> SFTArgs:
+    if args is not None and fields:
+        raise ValueError(f"give either args=SFTArgs(...) or keyword settings, not both (got {sorted(fields)})")
+    if args is not None:
+        return args
+    unknown = sorted(set(fields) - set(SFTArgs.field_help()))
+    if unknown:
+        raise ValueError(f"unknown SFT setting(s) {unknown}; known: {sorted(SFTArgs.field_help())}")
+    return SFTArgs(**fields)
+
+
+def build_sft_trainer(model, tokenizer, train_dataset, args: SFTArgs | None = None, *, peft_config=None, **fields):
     """The configured TRL ``SFTTrainer`` of :func:`run_sft`, before training.
 
     Same arguments as :func:`run_sft`. Useful to inspect what TRL will train on: its
@@ -316,29 +359,7 @@ def build_sft_trainer(
     from gtpo.models import clear_quantization_state, load_model_and_tokenizer
 
     _check_rows(train_dataset, "train_dataset")
-    if not isinstance(output_dir, (str, os.PathLike)) or not str(output_dir):
-        raise ValueError(f"output_dir: expected a directory path, got {output_dir!r}")
-    for name, value in (
-        ("max_steps", max_steps),
-        ("batch_size", batch_size),
-        ("gradient_accumulation_steps", gradient_accumulation_steps),
-        ("logging_steps", logging_steps),
-    ):
-        _check_positive_int(name, value)
-    _check_positive_int("save_steps", save_steps, minimum=0)
-    if max_length is not None:
-        _check_positive_int("max_length", max_length)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed: expected an integer, got {seed!r}")
-    if (
-        isinstance(learning_rate, bool)
-        or not isinstance(learning_rate, (int, float))
-        or not math.isfinite(learning_rate)
-        or learning_rate <= 0
-    ):
-        raise ValueError(f"learning_rate: expected a positive finite number, got {learning_rate!r}")
-    if isinstance(warmup_ratio, bool) or not isinstance(warmup_ratio, (int, float)) or not 0.0 <= warmup_ratio < 1.0:
-        raise ValueError(f"warmup_ratio: expected a number in [0, 1), got {warmup_ratio!r}")
+    a = _sft_args(args, fields)
     if not isinstance(model, (str, os.PathLike)) and tokenizer is None:
         raise ValueError("tokenizer: required when model is a model object (None only with a model spec string)")
 
@@ -353,57 +374,36 @@ def build_sft_trainer(
     import torch
     from trl import SFTConfig, SFTTrainer
 
-    output_dir = str(output_dir)
-    os.makedirs(output_dir, exist_ok=True)
-    args = SFTConfig(
-        output_dir=output_dir,
-        max_steps=max_steps,
-        learning_rate=float(learning_rate),
-        per_device_train_batch_size=batch_size,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        max_length=max_length,
+    os.makedirs(a.output_dir, exist_ok=True)
+    config = SFTConfig(
+        output_dir=a.output_dir,
+        max_steps=a.max_steps,
+        learning_rate=float(a.learning_rate),
+        per_device_train_batch_size=a.batch_size,
+        gradient_accumulation_steps=a.gradient_accumulation_steps,
+        max_length=a.max_length,
         completion_only_loss=True,
-        seed=seed,
-        logging_steps=logging_steps,
-        save_strategy="steps" if save_steps > 0 else "no",
-        save_steps=save_steps if save_steps > 0 else 500,
-        lr_scheduler_type=lr_scheduler_type,
-        warmup_steps=float(warmup_ratio),
-        report_to=report_to,
-        bf16=bf16,
-        activation_checkpointing=gradient_checkpointing,
+        seed=a.seed,
+        logging_steps=a.logging_steps,
+        save_strategy="steps" if a.save_steps > 0 else "no",
+        save_steps=a.save_steps if a.save_steps > 0 else 500,
+        lr_scheduler_type=a.lr_scheduler_type,
+        warmup_steps=float(a.warmup_ratio),
+        report_to=a.report_to,
+        bf16=a.bf16,
+        activation_checkpointing=a.gradient_checkpointing,
         dataloader_pin_memory=torch.cuda.is_available(),
     )
     return SFTTrainer(
         model=model,
-        args=args,
+        args=config,
         train_dataset=train_dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
     )
 
 
-def run_sft(
-    model,
-    tokenizer,
-    train_dataset,
-    *,
-    output_dir: str,
-    max_steps: int = 100,
-    learning_rate: float = 2e-4,
-    batch_size: int = 8,
-    gradient_accumulation_steps: int = 1,
-    max_length: int | None = 512,
-    peft_config=None,
-    seed: int = 42,
-    logging_steps: int = 1,
-    save_steps: int = 0,
-    lr_scheduler_type: str = "cosine",
-    warmup_ratio: float = 0.0,
-    report_to: str | list[str] = "none",
-    bf16: bool = False,
-    gradient_checkpointing: bool = False,
-) -> str:
+def run_sft(model, tokenizer, train_dataset, args: SFTArgs | None = None, *, peft_config=None, **fields) -> str:
     """Supervised fine-tuning with TRL's ``SFTTrainer``; saves a plain HF model directory.
 
     Args:
@@ -417,31 +417,12 @@ def run_sft(
         train_dataset: ``datasets.Dataset``; either task rows (``prompt`` + ``answer``, optional
             ``solution``/``rg_entry``: converted by :func:`build_sft_dataset`) or rows that
             already have TRL's ``prompt`` + ``completion`` columns (used as they are).
-        output_dir: where the final model, tokenizer, ``sft_metrics.jsonl`` and any intermediate
-            TRL checkpoints (``checkpoint-N/``) go; created if missing.
-        max_steps: optimiser steps (the data is cycled through as many epochs as needed).
-        learning_rate: peak AdamW learning rate (TRL's default for SFT is 2e-5 for full
-            fine-tuning; 2e-4 is the usual LoRA value).
-        batch_size: per-device micro-batch size (``per_device_train_batch_size``).
-        gradient_accumulation_steps: micro-batches per optimiser step.
-        max_length: tokens per example (prompt + completion) after the chat template; longer
-            examples are truncated at the end, examples whose completion is cut entirely are
-            dropped by TRL. ``None``: no truncation.
+        args: the settings, an :class:`SFTArgs` (each field documented there: ``output_dir``,
+            ``max_steps``, ``learning_rate``, ``batch_size``, ``max_length``, ...), or give its
+            fields as keyword arguments (``run_sft(model, tok, rows, output_dir="out", max_steps=50)``).
         peft_config: a ``peft.PeftConfig`` (e.g. ``LoraConfig``) passed to ``SFTTrainer``, or
             None for full fine-tuning. A LoRA adapter is merged into the base weights
             (``merge_and_unload``) before saving.
-        seed: seed of the data order and of adapter initialisation.
-        logging_steps: log (and write a metrics row) every this many steps.
-        save_steps: save a TRL checkpoint every this many steps (``0``: none; the final model is
-            always saved).
-        lr_scheduler_type: a ``transformers`` scheduler name (``"cosine"``, ``"linear"``,
-            ``"constant"``, ``"constant_with_warmup"``, ...).
-        warmup_ratio: fraction of ``max_steps`` with a linear warm-up, in ``[0, 1)`` (passed as
-            ``warmup_steps``, which transformers 5 reads as a ratio when below 1).
-        report_to: ``transformers`` integrations (``"none"``, ``"tensorboard"``, ...).
-        bf16: bf16 mixed precision (TRL defaults it to True; here off, for CPU runs).
-        gradient_checkpointing: trade compute for memory (TRL defaults it to True; here off,
-            since the models this project trains are small).
 
     Returns:
         ``output_dir``, which then holds a normal Hugging Face model directory (``config.json``,
@@ -455,26 +436,7 @@ def run_sft(
         ValueError: an empty dataset, a missing ``prompt``/``answer`` column, a bad argument
             (named), or ``tokenizer`` None with a model object.
     """
-    trainer = build_sft_trainer(
-        model,
-        tokenizer,
-        train_dataset,
-        output_dir=output_dir,
-        max_steps=max_steps,
-        learning_rate=learning_rate,
-        batch_size=batch_size,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        max_length=max_length,
-        peft_config=peft_config,
-        seed=seed,
-        logging_steps=logging_steps,
-        save_steps=save_steps,
-        lr_scheduler_type=lr_scheduler_type,
-        warmup_ratio=warmup_ratio,
-        report_to=report_to,
-        bf16=bf16,
-        gradient_checkpointing=gradient_checkpointing,
-    )
+    trainer = build_sft_trainer(model, tokenizer, train_dataset, args, peft_config=peft_config, **fields)
     trainer.train()
 
     trained = trainer.accelerator.unwrap_model(trainer.model)

@@ -33,7 +33,6 @@ import logging
 import math
 import numbers
 import os
-import random
 import shutil
 import signal
 import time
@@ -46,7 +45,7 @@ from torch import nn
 
 from . import checkpoint as ckpt
 from .checkpoint import CheckpointError
-from .advantages import group_advantages
+from .advantages import entropy_keep_mask, group_advantages, shape_advantages
 from .config import GTPOConfig
 from .conflict import conflict_runs, conflict_weights
 from .losses import policy_loss
@@ -66,6 +65,11 @@ class RewardFunctionError(ValueError):
 class TrainingStopped(RuntimeError):
     """The run stopped on purpose (too many non-finite steps); the last good checkpoint is kept."""
 
+
+# why a step had no policy-gradient signal (every effective advantage zero, or the update skipped)
+NO_SIGNAL_REASONS = ("filtered", "zero_variance", "masked", "nonfinite")
+# the "entropy filter dropped everything" warning repeats at most once per this many steps
+FILTERED_WARNING_INTERVAL = 50
 
 # files of a run in output_dir (what "output_dir already holds a run" means, and what overwriting removes)
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "run_config.json", "summary.json")
@@ -314,6 +318,8 @@ class GTPOTrainer:
         self.skipped_updates = 0      # optimizer updates skipped (num_iterations per step at most)
         self.consecutive_skips = 0    # consecutive steps with a skipped update, up to this one
         self.initial_entropy: float | None = None
+        self.no_signal_steps = dict.fromkeys(NO_SIGNAL_REASONS, 0)  # steps without gradient signal, by reason
+        self._last_filtered_warning: int | None = None
         self._stop_signal: int | None = None
         self.stopped_early: str | None = None  # the checkpoint written when a signal stopped train()
         self.stopped_by: str | None = None     # the signal's name
@@ -537,7 +543,7 @@ class GTPOTrainer:
         dev = self.accelerator.device
         input_ids = torch.cat([rollout.prompt_ids[index], rollout.completion_ids[index]], dim=1).to(dev)
         attn = torch.cat([rollout.prompt_mask[index], mask[index]], dim=1).to(dev)
-        return self.policy(input_ids, attn, rollout.completion_ids[index].to(dev), self.args.temperature)
+        return self.policy(input_ids, attn, rollout.completion_ids[index].to(dev), self.args.resolved_logprob_temperature)
 
     @torch.no_grad()
     def _reference_logp(self, rollout: Rollout, mask: torch.Tensor, micro: int) -> torch.Tensor:
@@ -553,21 +559,75 @@ class GTPOTrainer:
                 dev = self.accelerator.device
                 input_ids = torch.cat([rollout.prompt_ids[index], rollout.completion_ids[index]], 1).to(dev)
                 attn = torch.cat([rollout.prompt_mask[index], mask[index]], 1).to(dev)
-                logp, _ = ref(input_ids, attn, rollout.completion_ids[index].to(dev), self.args.temperature)
+                logp, _ = ref(input_ids, attn, rollout.completion_ids[index].to(dev), self.args.resolved_logprob_temperature)
             outs.append(logp.detach())
         return torch.cat(outs)
 
     @torch.no_grad()
     def _measure_entropy(self, rollout: Rollout, mask: torch.Tensor, micro: int) -> float:
-        """Mean completion entropy <H> of the current policy over the batch (all processes)."""
+        """Mean completion entropy <H> of the current policy over the batch (all processes): the mean of
+        the completions' mean token entropies, over the completions that have tokens in ``mask``."""
         total = torch.zeros(2, device=self.accelerator.device)
         for s in range(0, mask.shape[0], micro):
             index = slice(s, s + micro)
             _, ent = self._forward(rollout, index, mask)
-            seq = masked_mean(ent, mask[index].to(ent.device).float(), dim=1)
-            total += torch.stack([seq.sum(), torch.tensor(float(seq.numel()), device=seq.device)])
+            m = mask[index].to(ent.device).float()
+            has_tokens = m.sum(dim=1) > 0  # completions masked out entirely (truncated) have no entropy
+            seq = masked_mean(ent, m, dim=1)
+            total += torch.stack([seq[has_tokens].sum(), has_tokens.sum().float()])
         total = self.accelerator.reduce(total, "sum")
         return float(total[0] / total[1])
+
+    def _signal_counts(self, advantages: torch.Tensor, seq_entropy: torch.Tensor, mask: torch.Tensor,
+                       initial_entropy: float | None) -> torch.Tensor:
+        """``(4,)`` counts over a micro-batch: rows with tokens, rows with a non-zero effective advantage
+        (the one that multiplies the gradient), rows the entropy filter dropped, rows with ``A != 0``.
+
+        ``advantages (M,)`` unshaped, ``seq_entropy (M,)``, ``mask (M, T)`` the loss mask.
+        """
+        a = self.args
+        has_tokens = mask.sum(dim=1) > 0
+        effective, dropped = advantages, torch.zeros_like(has_tokens)
+        if a.loss_type == "gtpo":
+            threshold = a.entropy_threshold if a.entropy_filter else None
+            kw = dict(threshold=threshold, scope=a.entropy_filter_scope, initial_entropy=initial_entropy)
+            dropped = ~entropy_keep_mask(advantages, seq_entropy, **kw)
+            effective = shape_advantages(advantages, seq_entropy, gamma=a.gamma, **kw)
+        counts = [has_tokens, has_tokens & (effective != 0), has_tokens & dropped, has_tokens & (advantages != 0)]
+        return torch.stack([c.sum() for c in counts]).float()
+
+    def _no_signal_reason(self, counts: torch.Tensor, skipped_updates: int, seq_entropy: torch.Tensor,
+                          mask: torch.Tensor) -> str | None:
+        """Why this step had no gradient signal (None if it had), counted in ``no_signal_steps``; the
+        first step whose entropy filter dropped everything (and one per FILTERED_WARNING_INTERVAL
+        steps after it) logs a warning saying what to change."""
+        with_tokens, with_signal, dropped, nonzero = (int(c) for c in counts.tolist())
+        if skipped_updates:
+            reason = "nonfinite"
+        elif with_signal > 0:
+            return None
+        elif with_tokens == 0:
+            reason = "masked"
+        elif dropped > 0:
+            reason = "filtered"
+        else:
+            reason = "zero_variance"
+        self.no_signal_steps[reason] += 1
+        last = self._last_filtered_warning
+        if reason == "filtered" and (last is None or self.global_step - last >= FILTERED_WARNING_INTERVAL):
+            self._last_filtered_warning = self.global_step
+            a = self.args
+            has_tokens = mask.sum(dim=1) > 0
+            measured = float(seq_entropy[has_tokens].mean()) if bool(has_tokens.any()) else float("nan")
+            logger.warning(
+                "step %d: the entropy filter dropped every completion (mean token entropy %.3f nats > "
+                "entropy_threshold %.3f), so this step trained nothing (%d such step(s) so far). Use the paper's "
+                "rule (entropy_rule: initial), a higher entropy_threshold (e.g. %.2f), or a lower temperature "
+                "(now %g); entropy_filter: false switches the filter off.",
+                self.global_step, measured, a.entropy_threshold, self.no_signal_steps["filtered"],
+                math.ceil(measured * 10 + 1) / 10 if math.isfinite(measured) else 2.0, a.temperature,
+            )
+        return reason
 
     def step(self) -> dict[str, float]:
         """One optimisation step; returns its metrics."""
@@ -593,11 +653,12 @@ class GTPOTrainer:
         token_weights = n_conflict = None
         conflict_frac = torch.tensor(0.0)
         if a.loss_type == "gtpo":
+            # on the loss mask: a truncated completion masked out of the loss is nobody's conflict
+            # partner (its tokens are not pushed down, so there is nothing to protect) [D]
             token_weights, n_conflict = conflict_weights(
-                rollout.completion_ids, rollout.completion_mask, advantages, g, **a.conflict_kwargs()
+                rollout.completion_ids, mask, advantages, g, **a.conflict_kwargs()
             )
-            token_weights = token_weights * maskf
-            pre, suf = conflict_runs(rollout.completion_ids, rollout.completion_mask, advantages, g)
+            pre, suf = conflict_runs(rollout.completion_ids, mask, advantages, g)
             conflict_frac = ((pre | suf).float() * maskf).sum() / maskf.sum().clamp(min=1)
 
         # normalisers of the whole (all-process) batch; the loss is scaled by the world size so that
@@ -617,6 +678,10 @@ class GTPOTrainer:
 
         t1 = time.perf_counter()
         old_logp = torch.zeros((n, t), device=dev) if a.num_iterations > 1 else None
+        # GTPO's entropy filter and gamma shift use the rollout policy's entropies in every iteration,
+        # like the advantages they shape (frozen at the rollout) [D]
+        rollout_seq_ent = torch.zeros(n, device=dev)
+        signal = torch.zeros(4, device=dev)  # rows with tokens, with signal, dropped by the filter, with A != 0
         sums: dict[str, torch.Tensor] = {}
         ent_sum = torch.zeros((), device=dev)
         loss_total = torch.zeros((), device=dev)
@@ -632,9 +697,13 @@ class GTPOTrainer:
                 with sync:
                     logp, ent = self._forward(rollout, index, mask)
                     m = maskf[index].to(dev)
-                    seq_ent = masked_mean(ent, m, dim=1)
-                    if it == 0 and old_logp is not None:
-                        old_logp[index] = logp.detach()
+                    if it == 0:
+                        rollout_seq_ent[index] = masked_mean(ent, m, dim=1)
+                        signal += self._signal_counts(advantages[index].to(dev), rollout_seq_ent[index], m,
+                                                      initial_entropy)
+                        if old_logp is not None:
+                            old_logp[index] = logp.detach()
+                    seq_ent = rollout_seq_ent[index]
                     extra: dict[str, Any] = {}
                     if a.loss_type == "gtpo":
                         extra = dict(seq_entropy=seq_ent, token_weights=token_weights[index].to(dev),
@@ -668,6 +737,7 @@ class GTPOTrainer:
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()  # the schedule follows the step count, skipped steps included
         self.global_step += 1
+        no_signal = self._no_signal_reason(acc.reduce(signal, "sum"), skipped_updates, rollout_seq_ent, maskf)
         if skipped_updates:
             self.skipped_steps += 1
             self.skipped_updates += skipped_updates
@@ -709,6 +779,9 @@ class GTPOTrainer:
             "lr": float(self.scheduler.get_last_lr()[0]),
             "skipped_steps": float(self.skipped_steps),
             "skipped_updates": float(self.skipped_updates),
+            "no_signal_steps": float(sum(self.no_signal_steps.values())),
+            **{f"no_signal/{k}": float(v) for k, v in self.no_signal_steps.items()},
+            "no_signal": float(no_signal is not None),
             "step_time_s": step_time,
             "generation_time_s": t_gen,
             "update_time_s": t_upd,
@@ -731,7 +804,7 @@ class GTPOTrainer:
             p_ids = self.tokenizer(prefix, add_special_tokens=False)["input_ids"]
             t_ids = self.tokenizer(target, add_special_tokens=False)["input_ids"]
             ids = torch.tensor([p_ids + t_ids], device=dev)
-            logits = model(input_ids=ids).logits[0, len(p_ids) - 1:-1].float() / self.args.temperature
+            logits = model(input_ids=ids).logits[0, len(p_ids) - 1:-1].float() / self.args.resolved_logprob_temperature
             probs = torch.softmax(logits, -1).gather(-1, torch.tensor(t_ids, device=dev).unsqueeze(-1))
             out[f"probe/{name}"] = float(probs.mean())
         return out
@@ -775,7 +848,7 @@ class GTPOTrainer:
                 self.tokenizer.save_pretrained(tmp)
                 torch.save(self.optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
                 torch.save(self.scheduler.state_dict(), os.path.join(tmp, "scheduler.pt"))
-            torch.save(_rng_state(), os.path.join(tmp, f"rng_state_{acc.process_index}.pth"))
+            torch.save(ckpt.rng_state(), os.path.join(tmp, f"rng_state_{acc.process_index}.pth"))
 
         def commit() -> None:
             if acc.is_main_process:
@@ -828,6 +901,7 @@ class GTPOTrainer:
             "skipped_updates": self.skipped_updates,
             "consecutive_skips": self.consecutive_skips,
             "initial_entropy": self.initial_entropy,
+            "no_signal_steps": dict(self.no_signal_steps),
             "sampler": self.sampler.state_dict(),
             "num_processes": self.accelerator.num_processes,
             "config": self.args.to_dict(),
@@ -853,9 +927,9 @@ class GTPOTrainer:
         rng = os.path.join(path, f"rng_state_{acc.process_index}.pth")
         try:
             _load_weights(self.unwrapped_model, path, peft=self.is_peft)
-            self.optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=False))
-            self.scheduler.load_state_dict(torch.load(os.path.join(path, "scheduler.pt"), weights_only=False))
-            rng_state = torch.load(rng, weights_only=False) if os.path.isfile(rng) else None
+            self.optimizer.load_state_dict(ckpt.load_torch_file(os.path.join(path, "optimizer.pt")))
+            self.scheduler.load_state_dict(ckpt.load_torch_file(os.path.join(path, "scheduler.pt")))
+            rng_state = ckpt.load_torch_file(rng) if os.path.isfile(rng) else None
             sampler = state["sampler"]
             self.sampler.load_state_dict(sampler)
         except Exception as err:  # noqa: BLE001 -- name the checkpoint and the alternatives
@@ -866,7 +940,7 @@ class GTPOTrainer:
             raise ValueError(f"cannot load checkpoint {path}: {type(err).__name__}: "
                              f"{str(err).splitlines()[0] if str(err) else ''}.{hint}") from err
         if rng_state is not None:
-            _set_rng_state(rng_state)
+            ckpt.set_rng_state(rng_state)
         else:
             logger.warning("%s has no %s: the random streams restart from the seed (the run stays valid but is "
                            "not bitwise identical to an uninterrupted one)", path, os.path.basename(rng))
@@ -875,6 +949,7 @@ class GTPOTrainer:
         self.skipped_updates = int(state.get("skipped_updates", self.skipped_steps))
         self.consecutive_skips = int(state.get("consecutive_skips", 0))
         self.initial_entropy = state.get("initial_entropy")
+        self.no_signal_steps = {**dict.fromkeys(NO_SIGNAL_REASONS, 0), **state.get("no_signal_steps", {})}
         saved_config = state.get("config") or {}
         current = self.args.to_dict()
         changed = [k for k in current if k in saved_config and k not in self._RESUMABLE_CHANGES
@@ -1071,8 +1146,11 @@ class GTPOTrainer:
                 if a.report_to and self.global_step % a.logging_steps == 0:
                     acc.log({k: v for k, v in metrics.items() if k != "step"}, step=self.global_step)
                 bar.update(1)
-                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", entropy=f"{metrics['entropy/mean']:.3f}",
-                                step_s=f"{metrics['step_time_s']:.2f}")
+                postfix = dict(reward=f"{metrics['reward/mean']:.3f}", entropy=f"{metrics['entropy/mean']:.3f}",
+                               step_s=f"{metrics['step_time_s']:.2f}")
+                if any(self.no_signal_steps.values()):
+                    postfix["no_signal"] = self.no_signal_summary()
+                bar.set_postfix(postfix)
                 if a.save_steps and self.global_step % a.save_steps == 0:
                     self.save_checkpoint()
                     last_saved = self.global_step
@@ -1095,6 +1173,12 @@ class GTPOTrainer:
             if a.report_to:
                 acc.end_training()
         return metrics
+
+    def no_signal_summary(self) -> str:
+        """``'3 (filtered 2, nonfinite 1)'``: steps without gradient signal and why; ``'0'`` if none."""
+        total = sum(self.no_signal_steps.values())
+        parts = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in self.no_signal_steps.items() if v)
+        return f"{total} ({parts})" if total else "0"
 
     def save_model(self, output_dir: str | None = None) -> None:
         """Save the final model (or adapter) and tokenizer; files replace the old ones atomically.
@@ -1289,25 +1373,6 @@ def _truncate_metrics(path: str, step: int) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-
-
-def _rng_state() -> dict[str, Any]:
-    import numpy as np
-
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    import numpy as np
-
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _load_weights(model: nn.Module, path: str, *, peft: bool) -> None:
