@@ -10,8 +10,9 @@ Measured in ONE process holding a ``loss_type="gtpo"`` and a ``loss_type="grpo"`
 order, ``--warmup`` + ``--steps`` steps each:
 
 * GTPO-only work: ``conflict_weights`` and ``conflict_runs`` (the trainer's calls), the two
-  elementwise lines of the step that use their results, and the GTPO loss minus the GRPO loss
-  (``policy_loss`` forward + backward). The trainer's calls are wrapped to record their arguments;
+  elementwise lines of the step that use their results, the entropy filter and gamma shift of the
+  advantages (the trainer's ``effective_advantages``), and the GTPO loss minus the GRPO loss
+  (the trainer's ``loss_fn``, forward + backward). The trainer's calls are wrapped to record their arguments;
   after the steps, the last step's calls are replayed on their own tensors ``--replays`` times in
   alternation and the medians taken (short calls, robust to the bursts of load that hit whole
   steps; the in-step medians are printed too). Plus the entropy: it comes out of the same chunked
@@ -65,10 +66,14 @@ def worker(spec: dict) -> dict:
             return out
         return wrapper
 
-    originals = (gt.conflict_weights, gt.conflict_runs, gt.policy_loss)
+    raw = {"conflict_weights": gt.conflict_weights, "conflict_runs": gt.conflict_runs}
     gt.conflict_weights = timed("conflict_weights", gt.conflict_weights)
     gt.conflict_runs = timed("conflict_runs", gt.conflict_runs)
-    gt.policy_loss = timed("policy_loss", gt.policy_loss)
+    raw_loss = {lt: t.loss_fn for lt, t in trainers.items()}
+    raw_shape = {lt: t.effective_advantages for lt, t in trainers.items()}
+    for lt, t in trainers.items():  # the trainer's own calls (instance attributes)
+        t.loss_fn = timed("policy_loss", t.loss_fn)
+        t.effective_advantages = timed("entropy_control", t.effective_advantages)
 
     step_times = {lt: [] for lt in trainers}
     step_cpu = {lt: [] for lt in trainers}
@@ -84,18 +89,20 @@ def worker(spec: dict) -> dict:
     (cw_args, cw_kw, (weights, _)) = calls["gtpo", "conflict_weights"]
     (cr_args, cr_kw, (pre, suf)) = calls["gtpo", "conflict_runs"]
     maskf = cw_args[1].float()
-    raw = {name: fn for name, fn in zip(("conflict_weights", "conflict_runs", "policy_loss"), originals)}
 
     def loss_call(lt):
         args, kw, _ = calls[lt, "policy_loss"]
-        logp = args[1].detach().clone().requires_grad_(True)  # a fresh leaf: forward + backward of the loss
-        return lambda: raw["policy_loss"](args[0], logp, *args[2:], **kw).loss.backward()
+        logp = args[0].detach().clone().requires_grad_(True)  # a fresh leaf: forward + backward of the loss
+        return lambda: raw_loss[lt](logp, *args[1:], **kw).loss.backward()
+
+    shape_args, shape_kw, _ = calls["gtpo", "entropy_control"]
 
     replay = {
         "conflict_weights": lambda: raw["conflict_weights"](*cw_args, **cw_kw),
         "conflict_runs (conflict_frac metric)": lambda: raw["conflict_runs"](*cr_args, **cr_kw),
         "weights * mask, conflict_frac": lambda: (weights * maskf, ((pre | suf).float() * maskf).sum()
                                                   / maskf.sum().clamp(min=1)),
+        "entropy filter + gamma shift": lambda: raw_shape["gtpo"](*shape_args, **shape_kw),
         "gtpo loss (fwd+bwd)": loss_call("gtpo"),
         "grpo loss (fwd+bwd)": loss_call("grpo"),
     }
@@ -149,7 +156,8 @@ def main(argv=None) -> int:
         "conflict_weights": (rep["conflict_weights"], in_step["conflict_weights"]),
         "conflict_runs (conflict_frac metric)": (rep["conflict_runs (conflict_frac metric)"], in_step["conflict_runs"]),
         "weights * mask, conflict_frac": (rep["weights * mask, conflict_frac"], None),
-        "GTPO loss - GRPO loss (filter, shaping; fwd+bwd)":  # median of the paired differences
+        "entropy filter + gamma shift": (rep["entropy filter + gamma shift"], in_step.get("entropy_control")),
+        "GTPO loss - GRPO loss (lambda weights, reduction; fwd+bwd)":  # median of the paired differences
             (common.median(a - b for a, b in zip(res["replay"]["gtpo loss (fwd+bwd)"],
                                                  res["replay"]["grpo loss (fwd+bwd)"])), None),
         "entropy in the LM-head kernel": (rep["entropy in the LM-head kernel"], None),

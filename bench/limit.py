@@ -46,7 +46,7 @@ def worker(spec: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from gtpo.rollout import left_pad
+    from gtpo.padding import left_pad
 
     common.set_threads(spec["threads"])
     path = common.bench_model(spec)

@@ -10,7 +10,7 @@ T = 64 tokens, fp32, in two variants:
 * ``chunked``: the trainer as it is: log-probs and entropies come from
   ``gtpo.ops.token_logprobs_and_entropy`` (chunks of ~64 MiB of logits, recomputed in the
   backward pass; the ``(N, T, V)`` logits never exist);
-* ``full``: the same trainer with that one function swapped (in ``gtpo.trainer``'s namespace)
+* ``full``: the same trainer with that one function swapped (in ``gtpo.policy``'s namespace)
   for the obvious full-logits path (``tests/reference_impl.naive_token_logprobs_and_entropy``:
   ``logits = hidden @ W.T`` for every completion token, ``log_softmax``, ``gather``, entropy from
   the log-probs), which is what a trainer without the chunked path does.
@@ -42,7 +42,7 @@ GOAL = 0.5
 
 
 def worker(spec: dict) -> dict:
-    import gtpo.trainer as gt
+    import gtpo.policy as gp
 
     common.set_threads(spec["threads"])
     path = common.bench_model(spec)
@@ -53,7 +53,7 @@ def worker(spec: dict) -> dict:
         def full_logits(hidden, weight, targets, *, temperature=1.0, chunk_size=None, bias=None):
             return naive_token_logprobs_and_entropy(hidden, weight, targets, temperature=temperature, bias=bias)
 
-        gt.token_logprobs_and_entropy = full_logits
+        gp.token_logprobs_and_entropy = full_logits
     out_dir = os.path.join(common.scratch_dir(), "run")
     trainer = common.ours_trainer(path, spec, spec["loss_type"], out_dir)
     trainer.step()  # warm-up: optimizer state, kernels, allocator

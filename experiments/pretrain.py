@@ -199,7 +199,7 @@ def measure_start(model_dir: str, train_path: str, test_path: str, *, seed: int,
     from gtpo.ops import masked_mean
     from gtpo.rewards import format_reward, paper_reward
     from gtpo.rollout import generate
-    from gtpo.trainer import PolicyForward
+    from gtpo.policy import PolicyForward
 
     sys.path.insert(0, HERE)
     from rewards import paper_accuracy

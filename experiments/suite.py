@@ -347,7 +347,7 @@ def _cpu_seconds() -> float:
 def execute(run: Run) -> None:
     """Train (or resume) one run through the project's CLI, in this process."""
     from gtpo import cli
-    from gtpo.trainer import TrainingStopped
+    from gtpo.errors import TrainingStopped
 
     state, step = status(run)
     if state in ("done", "stopped"):

@@ -134,10 +134,11 @@ def test_grpo_filter_gamma_is_grpo_without_filter_and_gamma():
     over = dict(suite.load_yaml(suite.METHODS_FILE)["grpo_filter_gamma"])
     over.pop("preset")
     cfg = GTPOConfig.from_preset("official", **over, entropy_filter=False, gamma=0.0)
-    norms = dict(num_sequences=n, num_tokens=int(mask.sum()))
-    a = policy_loss("gtpo", logp, mask, adv, seq_entropy=torch.zeros(n), token_weights=torch.ones(n, t),
-                    n_conflict=torch.zeros(n), initial_entropy=None, **norms, **cfg.loss_kwargs())
-    b = policy_loss("grpo", logp, mask, adv, **norms, **GTPOConfig.from_preset("grpo").loss_kwargs())
+    assert not cfg.entropy_control  # no filter, no shift: the advantages reach the loss unshaped
+    a = policy_loss("gtpo", logp, mask, adv, token_weights=torch.ones(n, t), n_conflict=torch.zeros(n),
+                    num_sequences=n, **cfg.loss_kwargs())
+    b = policy_loss("grpo", logp, mask, adv, num_sequences=n, num_tokens=int(mask.sum()),
+                    **GTPOConfig.from_preset("grpo").loss_kwargs())
     ga, = torch.autograd.grad(a.loss, logp)
     gb, = torch.autograd.grad(b.loss, logp)
     torch.testing.assert_close(a.loss.detach(), b.loss.detach(), rtol=0, atol=1e-6)

@@ -266,7 +266,7 @@ def ref_policy_loss(
                 term = -(r * adv[i])
             else:
                 term = -r.new_tensor(r_clip * adv[i])
-            if loss_type == "gtpo" and token_weights is not None:
+            if token_weights is not None:
                 term = term * float(token_weights[i, t])
             if beta > 0:
                 d = ref_logp[i, t] - lp

@@ -84,7 +84,7 @@ def test_logprob_temperature_is_separate_from_the_sampling_temperature(tiny_mode
                  learning_rate=0.0, entropy_filter=False)
     trainer = GTPOTrainer(tiny_model_path, digit_reward, rows(), args=cfg)
     metrics = trainer.step()
-    rollout = trainer._last_batch.rollout
+    rollout = trainer.last_batch.rollout
     want = _entropy_of_batch(trainer.unwrapped_model, rollout, 0.3 if logprob_temperature is None else 1.0)
     other = _entropy_of_batch(trainer.unwrapped_model, rollout, 1.0 if logprob_temperature is None else 0.3)
     assert abs(metrics["entropy/mean"] - want) < 1e-4
@@ -115,7 +115,7 @@ def test_a_run_whose_filter_drops_everything_says_so(tiny_model_path, tmp_path, 
     monkeypatch.setattr(trainer_module, "FILTERED_WARNING_INTERVAL", 3)
     # GTPOConfig's filter defaults (fixed tau = 0.7) on a random model (entropy ~ ln 512 = 6.2 nats)
     cfg = config(tmp_path, max_steps=7, learning_rate=1e-2)
-    assert cfg.entropy_filter and cfg.entropy_rule == "fixed" and cfg.entropy_threshold == 0.7
+    assert cfg.resolved_entropy_filter and cfg.entropy_rule == "fixed" and cfg.entropy_threshold == 0.7
     trainer = GTPOTrainer(tiny_model_path, digit_reward, rows(), args=cfg)
     before = {n: p.detach().clone() for n, p in trainer.unwrapped_model.named_parameters()}
     with caplog.at_level("WARNING", logger="gtpo"):
@@ -188,17 +188,22 @@ def _fixed_rollout(trainer, completions, truncated):
                    [tok.decode(c) for c in completions])
 
 
-def _spy_policy_loss(monkeypatch):
-    import gtpo.trainer as trainer_module
-
+def _spy_update(trainer, monkeypatch):
+    """Record the keyword arguments of every loss call and the completion entropies every call of
+    the advantage shaping got (``seq_entropy``), one dict per micro-batch and pass."""
     calls = []
-    real = trainer_module.policy_loss
+    loss_fn, shape = trainer.loss_fn, trainer.effective_advantages
 
-    def spy(*args, **kwargs):
-        calls.append({k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in kwargs.items()})
-        return real(*args, **kwargs)
+    def spy_shape(advantages, seq_entropy, inputs, index):
+        calls.append({"seq_entropy": seq_entropy.detach().clone()})
+        return shape(advantages, seq_entropy, inputs, index)
 
-    monkeypatch.setattr(trainer_module, "policy_loss", spy)
+    def spy_loss(*args, **kwargs):
+        calls[-1].update({k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in kwargs.items()})
+        return loss_fn(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "effective_advantages", spy_shape)
+    monkeypatch.setattr(trainer, "loss_fn", spy_loss)
     return calls
 
 
@@ -210,7 +215,7 @@ def test_initial_entropy_averages_over_completions_that_have_tokens(tiny_model_p
     eos = trainer.eos_ids[0]
     completions = [[5, 6, 7, eos], [8, 9, eos], [10, 11, 12, 13], [14, 15, 16, 17]]
     rollout = _fixed_rollout(trainer, completions, [False, False, True, True])  # 2 of 4 truncated
-    monkeypatch.setattr(trainer, "_rollout", lambda rows: rollout)
+    monkeypatch.setattr(trainer, "sample_rollout", lambda rows: rollout)
     trainer.step()
     # reference: each completion's mean token entropy from the full logits, averaged over rows 0 and 1
     model = trainer.unwrapped_model
@@ -229,10 +234,10 @@ def test_initial_entropy_averages_over_completions_that_have_tokens(tiny_model_p
 
 # ----------------------------------------------------------------------------- 4. decisions
 def test_entropies_for_filter_and_shift_are_frozen_at_the_rollout_policy(tiny_model_path, tmp_path, monkeypatch):
-    calls = _spy_policy_loss(monkeypatch)
     cfg = config(tmp_path, max_steps=1, num_iterations=3, learning_rate=5e-2, entropy_filter=True,
                  entropy_threshold=100.0, gamma=0.1)
     trainer = GTPOTrainer(tiny_model_path, digit_reward, rows(), args=cfg)
+    calls = _spy_update(trainer, monkeypatch)
     trainer.step()
     assert len(calls) == 3  # one micro-batch, three iterations
     first = calls[0]["seq_entropy"]
@@ -243,7 +248,6 @@ def test_entropies_for_filter_and_shift_are_frozen_at_the_rollout_policy(tiny_mo
 
 
 def test_truncated_completions_masked_out_are_no_conflict_partners(tiny_model_path, tmp_path, monkeypatch):
-    calls = _spy_policy_loss(monkeypatch)
 
     def reward(completion_ids, **kw):  # row 0 positive, row 1 negative, rows 2-3 at the mean (inactive)
         return [{5: 1.0, 8: 0.0}.get(ids[0], 0.5) if ids[:2] != [5, 6] or ids[2] == 7 else 0.0
@@ -257,8 +261,8 @@ def test_truncated_completions_masked_out_are_no_conflict_partners(tiny_model_pa
         # rows 0 and 1 share the prefix [5, 6]; row 1 is truncated (no EOS within the budget)
         completions = [[5, 6, 7, eos], [5, 6, 9, 10], [20, 21, eos], [22, 23, 24, eos]]
         rollout = _fixed_rollout(trainer, completions, [False, True, False, False])
-        monkeypatch.setattr(trainer, "_rollout", lambda rows: rollout)
-        calls.clear()
+        monkeypatch.setattr(trainer, "sample_rollout", lambda rows: rollout)
+        calls = _spy_update(trainer, monkeypatch)
         trainer.step()
         return calls[0]["token_weights"]
 
@@ -282,7 +286,7 @@ def test_dapo_preset_shapes_overlong_rewards_scaled_to_the_budget(tiny_model_pat
     assert cfg.overlong_buffer_length == 1
     trainer = GTPOTrainer(tiny_model_path, lambda completions, **kw: [0.0] * len(completions), rows(), args=cfg)
     trainer.step()
-    batch = trainer._last_batch
+    batch = trainer.last_batch
     want = torch.where(batch.rollout.lengths >= 5, -1.0, 0.0)
     torch.testing.assert_close(batch.rewards, want)
 

@@ -16,7 +16,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from gtpo.rollout import completion_hidden_states, generate, prompt_groups  # noqa: E402
+from gtpo.policy import completion_hidden_states  # noqa: E402
+from gtpo.rollout import generate  # noqa: E402
+from gtpo.shared_prefix import prompt_groups  # noqa: E402
 
 PROMPTS = ["What is 1 + 2?", "hi", "What is 12 + 7? think step by step"]
 
@@ -77,7 +79,7 @@ def test_prompt_groups_compare_masks_too():
 # ----------------------------------------------------------------------------- training forward
 def _batch(model, tokenizer, g=3, t=7, seed=0):
     """Prompt-major rows of 3 prompts x g completions; completion 1 of prompt 0 ends early (EOS)."""
-    from gtpo.rollout import left_pad
+    from gtpo.padding import left_pad
 
     rows = [tokenizer(p)["input_ids"] for p in PROMPTS for _ in range(g)]
     prompt_ids, prompt_mask = left_pad(rows, tokenizer.pad_token_id)
@@ -266,7 +268,7 @@ def test_top_k_zero_samples_from_the_full_vocabulary(model_and_tokenizer):
 def test_policy_forward_equals_full_logits(model_and_tokenizer, lora):
     # the trainer's forward (shared prompt prefix + chunked head) against log_softmax of the full
     # (N, S+T, V) logits of the plain model call, for values and LoRA/base gradients
-    from gtpo.trainer import PolicyForward
+    from gtpo.policy import PolicyForward
 
     model, tokenizer = model_and_tokenizer
     if lora:
@@ -308,9 +310,9 @@ def _config(**kw):
 def multinomial_draws(monkeypatch):
     """The decoding loop drawing with torch.multinomial, as generate does: the same random stream,
     so the loop's mechanics (cache, mask, positions, processors) can be compared token for token."""
-    import gtpo.rollout
+    import gtpo.decode
 
-    monkeypatch.setattr(gtpo.rollout, "sample_categorical",
+    monkeypatch.setattr(gtpo.decode, "sample_categorical",
                         lambda probs: torch.multinomial(probs, num_samples=1).squeeze(1))
 
 
@@ -383,7 +385,9 @@ def test_decode_loop_drops_finished_rows_and_matches_generate(model_and_tokenize
     # EOS chosen from the greedy tokens so that rows end at different steps: the loop drops each
     # finished row from its batch (cache, mask, positions); the rows left must still get exactly
     # the logits of generate's full batch (greedy: the same argmax at every step)
-    from gtpo.rollout import _prefill, decode, encode_prompts, left_pad
+    from gtpo.decode import decode, prefill as _prefill
+    from gtpo.padding import left_pad
+    from gtpo.rollout import encode_prompts
 
     model, tokenizer = model_and_tokenizer
     prompts = PROMPTS + ["a b c", "12 + 30 = ", "think"]
@@ -417,7 +421,9 @@ def test_decode_loop_samples_the_tokens_of_generate_until_a_row_ends(model_and_t
     # ends, the loop and generate draw the same random numbers for the same rows: equal tokens.
     # After it, the loop draws for fewer rows (its stream differs); every row still ends at its
     # first EOS and is padded after it.
-    from gtpo.rollout import _prefill, decode, encode_prompts, left_pad
+    from gtpo.decode import decode, prefill as _prefill
+    from gtpo.padding import left_pad
+    from gtpo.rollout import encode_prompts
 
     model, tokenizer = model_and_tokenizer
     rows = [p for p in encode_prompts(tokenizer, PROMPTS) for _ in range(4)]
@@ -443,7 +449,7 @@ def test_decode_loop_samples_the_tokens_of_generate_until_a_row_ends(model_and_t
 
 @pytest.mark.parametrize("setting", ["repetition_penalty", "no_repeat_ngram_size", "suppress_tokens", "min_p"])
 def test_decode_loop_leaves_settings_it_does_not_cover_to_generate(model_and_tokenizer, setting):
-    from gtpo.rollout import decode_loop_config
+    from gtpo.decode import decode_loop_config
 
     model, tokenizer = model_and_tokenizer
     plain = dict(do_sample=True, max_new_tokens=5, temperature=0.7, top_k=0, top_p=0.9, repetition_penalty=1.0)
@@ -471,7 +477,7 @@ def test_decode_loop_leaves_settings_it_does_not_cover_to_generate(model_and_tok
 def test_sample_categorical_matches_the_distribution():
     # 200,000 draws per row from fixed weights (one row unnormalised): every frequency within
     # 5 standard errors of its probability; zero-probability entries never drawn
-    from gtpo.rollout import sample_categorical
+    from gtpo.decode import sample_categorical
 
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.25, 0.125, 0.125],
                           [3.0, 0.0, 1.0, 0.0, 0.0, 4.0],
@@ -490,7 +496,7 @@ def test_sample_categorical_matches_the_distribution():
 def test_sample_categorical_agrees_with_multinomial_on_random_rows():
     # fast (inverse CDF) vs torch.multinomial on random softmax rows with top-k-like zeros: the
     # mean of each token's indicator over 20,000 draws agrees within 5 standard errors
-    from gtpo.rollout import sample_categorical
+    from gtpo.decode import sample_categorical
 
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(4, 40, generator=g) * 2
@@ -510,7 +516,7 @@ def test_sample_categorical_agrees_with_multinomial_on_random_rows():
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0])
 def test_sample_categorical_refuses_non_finite_or_empty_rows(bad):
-    from gtpo.rollout import sample_categorical
+    from gtpo.decode import sample_categorical
 
     probs = torch.tensor([[0.5, 0.5], [bad, 0.0 if bad == 0.0 else 1.0]])
     with pytest.raises(RuntimeError, match="inf, nan"):

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from gtpo import GTPOConfig, GTPOTrainer
 from gtpo import config as config_module
 from gtpo.cli import ConfigError, main, split_spec
-from gtpo.trainer import RewardFunctionError
+from gtpo.errors import RewardFunctionError
 
 FIELDS = {f.name: f for f in dataclasses.fields(GTPOConfig)}
 CHOICES = {

@@ -1,5 +1,9 @@
-"""Tests of gtpo.losses.policy_loss: golden values, reductions between losses, micro-batch
-exactness, masked values, and a per-token reference implementation."""
+"""Tests of gtpo.losses (policy_loss and its table of losses): golden values, reductions between
+losses, micro-batch exactness, masked values, and a per-token reference implementation.
+
+GTPO's entropy filter and gamma shift shape the advantages before the loss (the trainer calls
+gtpo.advantages.entropy_control, then the loss); ``_policy_loss`` below composes the two the same
+way, so that the golden values of the whole objective stay checked in one place."""
 
 from __future__ import annotations
 
@@ -10,12 +14,31 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gtpo.advantages import group_advantages
+from gtpo.advantages import entropy_control, group_advantages, shape_advantages
+from gtpo.config import LOSS_TYPES
 from gtpo.conflict import conflict_weights
-from gtpo.losses import LOSS_TYPES, LossOutput, policy_loss
+from gtpo.losses import LossOutput
+from gtpo.losses import policy_loss as _loss_only
 from reference_impl import ref_policy_loss, reference_code_gtpo_loss
 
 F64 = torch.float64
+SHAPING = {"entropy_threshold": "threshold", "gamma": "gamma", "filter_scope": "scope",
+           "initial_entropy": "initial_entropy"}
+
+
+def policy_loss(loss_type, logp, mask, adv, **kw):
+    """For gtpo: the advantages shaped by the entropy filter and the gamma shift (``seq_entropy`` and
+    the SHAPING arguments, defaults 0.7 and 0.1), then the loss; the baselines as they are."""
+    if loss_type == "gtpo":
+        shaping = {SHAPING[k]: kw.pop(k) for k in list(kw) if k in SHAPING}
+        ent = kw.pop("seq_entropy", None)
+        shaping.setdefault("threshold", 0.7)
+        shaping.setdefault("gamma", 0.1)
+        if ent is None:
+            assert shaping["threshold"] is None and shaping["gamma"] == 0, "entropy control needs seq_entropy"
+        else:
+            adv = shape_advantages(adv, ent, **shaping)
+    return _loss_only(loss_type, logp, mask, adv, **kw)
 
 
 def _leaf(values):
@@ -135,9 +158,10 @@ def test_gtpo_golden_reference_code_defaults():
     assert grad[2].tolist() == [0.0] * 5  # filtered completion: no gradient
     assert grad[3].tolist() == pytest.approx([-0.97 / 5] * 5, abs=1e-12)
     m = out.metrics
-    assert m["gtpo/filtered_frac"].item() == pytest.approx(0.25, abs=1e-15)
-    assert m["gtpo/adv_shaped_mean"].item() == pytest.approx((0.95 - 1.02 + 0.97) / 4, abs=1e-12)
-    assert m["gtpo/adv_shift_mean"].item() == pytest.approx(-(0.05 + 0.02 + 0.03) / 3, abs=1e-12)
+    shaped, keep = entropy_control(GTPO_ADV, GTPO_ENT)
+    assert 1.0 - keep.double().mean().item() == pytest.approx(0.25, abs=1e-15)
+    assert shaped.mean().item() == pytest.approx((0.95 - 1.02 + 0.97) / 4, abs=1e-12)
+    assert ((shaped - GTPO_ADV)[keep]).mean().item() == pytest.approx(-(0.05 + 0.02 + 0.03) / 3, abs=1e-12)
     # masked tokens 4 + 4 + 3 + 5 = 16, of which 3 + 3 + 2 + 0 = 8 have weight != 1
     assert m["gtpo/weighted_token_frac"].item() == pytest.approx(0.5, abs=1e-15)
     assert m["gtpo/n_conflict_mean"].item() == pytest.approx(1.5, abs=1e-15)
@@ -160,7 +184,7 @@ def test_gtpo_golden_options():
     # weights (0 1 0): 1.09 * 1 / 3 / n=1 -> + 0.363333...
     out = policy_loss("gtpo", logp, GTPO_MASK, GTPO_ADV, initial_entropy=1.0, **kw)
     assert out.loss.item() == pytest.approx(-1.67375 + 1.09 / 3, abs=1e-12)
-    assert out.metrics["gtpo/filtered_frac"].item() == 0.0
+    assert bool(entropy_control(GTPO_ADV, GTPO_ENT, initial_entropy=1.0)[1].all())  # nothing filtered
 
 
 # ---------------------------------------------------------------------------
@@ -249,7 +273,7 @@ def test_micro_batch_losses_sum_to_the_full_batch_loss(loss_type, completion_red
         parts.append(
             policy_loss(
                 loss_type, logp[rows], mask[rows], adv[rows], old_logp=old[rows],
-                num_sequences=12, num_tokens=total_tokens, **sub,
+                num_sequences=12, **({} if loss_type == "gtpo" else {"num_tokens": total_tokens}), **sub,
             ).loss
         )
     total = sum(parts)
@@ -280,6 +304,20 @@ def test_values_under_the_mask_do_not_matter(loss_type):
     torch.testing.assert_close(grad2, grad, rtol=0, atol=0)
     for key, value in out.metrics.items():
         torch.testing.assert_close(out2.metrics[key], value, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_conflict_masks_only_ablation_weights_the_baselines_tokens(loss_type):
+    # token_weights multiply the per-token terms of the baselines too ("GRPO + conflict masks only")
+    logp, mask, adv, old, ref, ent, ids = _random_batch(7)
+    weights, _ = conflict_weights(ids, mask, adv, 4)
+    assert (weights == 0).any() and (weights > 1).any()
+    out, grad = _loss_and_grad(loss_type, logp, mask, adv, old_logp=old, token_weights=weights)
+    want = ref_policy_loss(loss_type, logp, mask, adv, old_logp=old, token_weights=weights)
+    (want_grad,) = torch.autograd.grad(want, [logp])
+    torch.testing.assert_close(out.loss, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(grad, want_grad, rtol=0, atol=1e-12)
+    assert bool((grad[(weights == 0) & mask] == 0).all())  # the skipped negative updates
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
@@ -376,8 +414,7 @@ def test_output_type_and_detached_metrics():
             assert value.dim() == 0 and not value.requires_grad
         assert ("kl" in out.metrics) == (kw.get("beta", 0.0) > 0)
         if loss_type == "gtpo":
-            assert {"gtpo/filtered_frac", "gtpo/adv_shaped_mean", "gtpo/adv_shift_mean",
-                    "gtpo/weighted_token_frac", "gtpo/n_conflict_mean"} <= set(out.metrics)
+            assert {"gtpo/weighted_token_frac", "gtpo/n_conflict_mean"} <= set(out.metrics)
 
 
 # ---------------------------------------------------------------------------
@@ -388,28 +425,22 @@ def test_output_type_and_detached_metrics():
 def test_errors_name_the_argument():
     logp, mask, adv, old, ref, ent, ids = _random_batch(0)
     weights, n = conflict_weights(ids, mask, adv, 4)
-    gkw = dict(seq_entropy=ent, group_size=4)
     cases = [
         ("loss_type", dict(loss_type="ppo")),
-        ("aggregation", dict(aggregation="mean")),
         ("max_completion_length", dict(loss_type="dr_grpo")),
         ("ref_logp", dict(beta=0.1)),
-        ("beta", dict(beta=-0.1)),
-        ("eps_low", dict(eps_low=-0.2)),
         ("old_logp", dict(old_logp=old[:, :3])),
         ("advantages", dict(advantages=adv[:5])),
         ("completion_mask", dict(completion_mask=mask[:, :2])),
-        ("token_weights", dict(token_weights=weights)),  # gtpo-only tensor given to grpo
-        ("beta", dict(loss_type="gtpo", beta=0.1, ref_logp=ref, **gkw)),
-        ("aggregation", dict(loss_type="gtpo", aggregation="token_mean", **gkw)),
-        ("seq_entropy", dict(loss_type="gtpo", group_size=4)),
-        ("seq_entropy", dict(loss_type="gtpo", seq_entropy=ent[:3], group_size=4)),
-        ("group_size", dict(loss_type="gtpo", seq_entropy=ent)),
-        ("group_size", dict(loss_type="gtpo", seq_entropy=ent, group_size=3)),
-        ("n_conflict", dict(loss_type="gtpo", token_weights=weights, **gkw)),
-        ("token_weights", dict(loss_type="gtpo", token_weights=weights[:, :2], n_conflict=n, **gkw)),
-        ("filter_scope", dict(loss_type="gtpo", filter_scope="positive", **gkw)),
-        ("completion_reduction", dict(loss_type="gtpo", completion_reduction="max", **gkw)),
+        ("token_weights", dict(token_weights=weights[:, :2])),
+        ("beta", dict(loss_type="gtpo", beta=0.1, group_size=4)),  # GTPO has no KL term
+        ("aggregation", dict(loss_type="gtpo", aggregation="token_mean", group_size=4)),
+        ("seq_entropy", dict(loss_type="gtpo", seq_entropy=ent, group_size=4)),  # shaping is not the loss's job
+        ("group_size", dict(loss_type="gtpo")),
+        ("group_size", dict(loss_type="gtpo", group_size=3)),
+        ("n_conflict", dict(loss_type="gtpo", token_weights=weights, group_size=4)),
+        ("token_weights", dict(loss_type="gtpo", token_weights=weights[:, :2], n_conflict=n, group_size=4)),
+        ("n_conflict", dict(loss_type="gtpo", token_weights=weights, n_conflict=n[:3], group_size=4)),
     ]
     for name, override in cases:
         args = dict(loss_type="grpo", logp=logp, completion_mask=mask, advantages=adv)
@@ -417,6 +448,6 @@ def test_errors_name_the_argument():
         loss_type = args.pop("loss_type")
         lp, cm, ad = args.pop("logp"), args.pop("completion_mask"), args.pop("advantages")
         with pytest.raises(ValueError, match=name):
-            policy_loss(loss_type, lp, cm, ad, **args)
-    # gtpo without entropy control needs no seq_entropy
-    policy_loss("gtpo", logp, mask, adv, entropy_threshold=None, gamma=0.0, group_size=4)
+            _loss_only(loss_type, lp, cm, ad, **args)
+    # gtpo without conflict weights needs nothing but its group size
+    _loss_only("gtpo", logp, mask, adv, group_size=4)

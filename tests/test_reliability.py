@@ -21,9 +21,10 @@ import torch
 import yaml
 
 from gtpo import GTPOConfig, GTPOTrainer
-from gtpo.checkpoint import CheckpointError, commit, list_checkpoints, read_state, remove_checkpoint, rotate
+from gtpo.checkpoint import commit, list_checkpoints, read_state, remove_checkpoint, rotate
+from gtpo.errors import CheckpointError
 from gtpo.cli import ConfigError, main, split_spec
-from gtpo.trainer import RewardFunctionError, TrainingStopped
+from gtpo.errors import RewardFunctionError, TrainingStopped
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "scripts", "fault_driver.py")
@@ -375,7 +376,7 @@ def test_disk_full_during_checkpoint_keeps_the_previous_one(tiny_model_path, tmp
 
 
 def test_disk_full_while_saving_the_final_model_or_metrics(tiny_model_path, tmp_path, monkeypatch):
-    import gtpo.trainer as trainer_module
+    import gtpo.checkpoint as checkpoint_module
 
     cfg = config(tmp_path, max_steps=1, save_steps=1)
     trainer = GTPOTrainer(tiny_model_path, digit_reward, rows(), args=cfg)
@@ -395,7 +396,7 @@ def test_disk_full_while_saving_the_final_model_or_metrics(tiny_model_path, tmp_
     def append(path, obj):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(trainer_module, "_append_jsonl", append)
+    monkeypatch.setattr(checkpoint_module, "append_jsonl", append)
     trainer = GTPOTrainer(tiny_model_path, digit_reward, rows(), args=cfg.replace(overwrite_output_dir=True))
     with pytest.raises(CheckpointError, match=r"^no space left on device while appending step 1 to .*metrics.jsonl"):
         trainer.train()

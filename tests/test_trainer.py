@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gtpo import GTPOConfig, GTPOTrainer
-from gtpo.trainer import RewardFunctionError
+from gtpo.errors import RewardFunctionError
 
 PROMPTS = [f"What is {a} + {b}?" for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 1), (2, 2), (4, 5), (6, 3)]]
 

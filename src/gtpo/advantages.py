@@ -31,12 +31,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .config import COMPLETION_SIGNS, FILTER_SCOPES, SCALE_REWARDS
 from .ops import _check_group_size, _check_option, _check_shape, _check_tensor
 
-__all__ = ["SCALES", "FILTER_SCOPES", "group_advantages", "shape_advantages", "entropy_keep_mask"]
-
-SCALES = ("none", "group", "batch")
-FILTER_SCOPES = ("all", "negative")
+__all__ = ["entropy_control", "entropy_keep_mask", "group_advantages", "shape_advantages", "sign_mask",
+           "varying_groups"]
 
 
 def group_advantages(
@@ -58,7 +57,7 @@ def group_advantages(
     """
     _check_tensor("rewards", rewards, ndim=1)
     _check_group_size(group_size, rewards.shape[0], "rewards")
-    _check_option("scale", scale, SCALES)
+    _check_option("scale", scale, SCALE_REWARDS)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
         raise ValueError(f"eps: expected a float >= 0, got {eps!r}")
     if not rewards.is_floating_point():
@@ -122,7 +121,7 @@ def entropy_keep_mask(
     return ~drop
 
 
-def shape_advantages(
+def entropy_control(
     advantages: Tensor,
     seq_entropy: Tensor,
     *,
@@ -130,19 +129,53 @@ def shape_advantages(
     gamma: float = 0.1,
     scope: str = "all",
     initial_entropy: float | Tensor | None = None,
-) -> Tensor:
-    """GTPO's entropy-controlled advantages ``A' (N,)``.
+    shift_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """GTPO's entropy-controlled advantages ``A' (N,)`` and the filter's ``keep (N,)`` (bool).
 
     ``advantages (N,)`` the unshaped group advantages, ``seq_entropy (N,)`` the mean token
     entropy of each completion (used detached). Filtered completions (see
     :func:`entropy_keep_mask`: ``<H>_i > threshold``, optionally only the negative ones,
     optionally switched off by ``initial_entropy > threshold``) get 0; kept ones get
-    ``A_i - gamma * <H>_i`` [P][C]. ``threshold=None`` keeps every completion.
+    ``A_i - gamma * <H>_i`` [P][C]. ``threshold=None`` keeps every completion. ``shift_mask (N,)``
+    bool limits the shift to its rows (e.g. :func:`varying_groups`, the ``gamma_groups="varying"``
+    ablation) [D]; None shifts every kept completion.
     """
     keep = entropy_keep_mask(
         advantages, seq_entropy, threshold=threshold, scope=scope, initial_entropy=initial_entropy
     )
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)):
         raise ValueError(f"gamma: expected a float, got {gamma!r}")
-    shifted = advantages - gamma * seq_entropy.detach().to(advantages.dtype)
-    return torch.where(keep, shifted, torch.zeros((), dtype=shifted.dtype, device=shifted.device))
+    shift = gamma * seq_entropy.detach().to(advantages.dtype)  # (N,)
+    if shift_mask is not None:
+        _check_shape("shift_mask", shift_mask, advantages.shape, "advantages.shape (N,)")
+        shift = torch.where(shift_mask, shift, torch.zeros((), dtype=shift.dtype, device=shift.device))
+    shifted = advantages - shift
+    return torch.where(keep, shifted, torch.zeros((), dtype=shifted.dtype, device=shifted.device)), keep
+
+
+def shape_advantages(advantages: Tensor, seq_entropy: Tensor, **kwargs) -> Tensor:
+    """``A' (N,)`` of :func:`entropy_control` (same arguments), without the keep mask."""
+    return entropy_control(advantages, seq_entropy, **kwargs)[0]
+
+
+def varying_groups(advantages: Tensor, group_size: int) -> Tensor:
+    """``(N,)`` bool: True on the rows of groups whose rewards differ (some advantage != 0).
+
+    ``advantages (N,)`` from :func:`group_advantages`, whose zero-variance groups are exactly 0.
+    """
+    _check_tensor("advantages", advantages, ndim=1)
+    _check_group_size(group_size, advantages.shape[0], "advantages")
+    return (advantages.view(-1, group_size) != 0).any(dim=1).repeat_interleave(group_size)  # (N,)
+
+
+def sign_mask(advantages: Tensor, sign: str) -> Tensor:
+    """``(N,)`` bool: the completions a ``completion_sign`` control trains on, by the sign of the
+    UNSHAPED ``advantages (N,)``: ``"all"`` every row, ``"positive"`` A > 0, ``"negative"`` A < 0."""
+    _check_tensor("advantages", advantages, ndim=1)
+    _check_option("sign", sign, COMPLETION_SIGNS)
+    if sign == "positive":
+        return advantages > 0
+    if sign == "negative":
+        return advantages < 0
+    return torch.ones_like(advantages, dtype=torch.bool)

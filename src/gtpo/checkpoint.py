@@ -1,4 +1,9 @@
-"""Crash-safe checkpoints: written under a temporary name, fsynced, renamed when complete.
+"""The run directory: crash-safe checkpoints, resume, logs and the final model.
+
+Checkpoints are written under a temporary name, fsynced, renamed when complete;
+:class:`RunDirectory` is what the trainer uses (every process): it checks and prepares
+``output_dir``, appends the logs, writes and loads checkpoints (weights, optimizer, scheduler, RNG)
+and saves the final model (:func:`save_model_atomically`).
 
 Layout of ``output_dir``::
 
@@ -18,24 +23,22 @@ in the middle of a deletion never leaves a half-deleted directory that looks com
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 import shutil
 from typing import Any
 
+from .errors import CheckpointError
+
+logger = logging.getLogger("gtpo")
+
 STATE_FILE = "trainer_state.json"
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 TMP_PREFIX = ".tmp-checkpoint-"
 REMOVING_PREFIX = TMP_PREFIX + "removing-"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint (or the final model, or a log file) could not be written.
-
-    The message names what was being written, where, and the newest checkpoint that is intact;
-    the original exception (e.g. ``OSError(ENOSPC)``) is chained as ``__cause__``.
-    """
 
 
 def describe_write_error(err: BaseException) -> str:
@@ -249,3 +252,334 @@ def read_state(checkpoint_dir: str) -> dict[str, Any]:
     if not isinstance(state, dict) or "global_step" not in state:
         raise ValueError(f"{path} is not a gtpo trainer state (no 'global_step')")
     return state
+
+
+def load_weights(model, path: str, *, peft: bool) -> None:
+    """Load weights saved by ``save_pretrained`` in ``path`` into ``model`` exactly (the adapter only
+    for a peft model)."""
+    from safetensors.torch import load_file
+
+    if peft:
+        from peft import set_peft_model_state_dict
+
+        file = os.path.join(path, "adapter_model.safetensors")
+        if not os.path.isfile(file):
+            raise ValueError(f"checkpoint {path} has no adapter_model.safetensors (was it saved from a LoRA run?)")
+        set_peft_model_state_dict(model, load_file(file))
+        return
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        raise ValueError(f"checkpoint {path} has no .safetensors weights")
+    state: dict[str, Any] = {}
+    for f in files:
+        state.update(load_file(os.path.join(path, f)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set()
+    if getattr(model.config, "tie_word_embeddings", False):
+        tied = {k for k in missing if "lm_head" in k}
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"checkpoint {path} does not match the model: missing {sorted(set(missing) - tied)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]}")
+
+
+# files that say "this directory holds a model": moved into place last, so that a kill while moving
+# never leaves them next to partial weights
+_MODEL_MARKERS = ("config.json", "adapter_config.json")
+
+
+def save_model_atomically(model, tokenizer, output_dir: str) -> None:
+    """``save_pretrained`` of ``model`` (or its peft adapter) and ``tokenizer`` into ``output_dir``.
+
+    Everything is written to ``output_dir/.tmp-final`` and fsynced, then moved in file by file with
+    ``os.replace``, ``config.json`` / ``adapter_config.json`` last: a crash leaves the previous
+    files or the new ones, never a config next to half-written weights. Raises what the writes raise
+    (the temporary directory is removed).
+    """
+    tmp = os.path.join(output_dir, ".tmp-final")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        fsync_tree(tmp)
+        for name in sorted(os.listdir(tmp), key=lambda n: (n in _MODEL_MARKERS, n)):
+            os.replace(os.path.join(tmp, name), os.path.join(output_dir, name))
+        os.rmdir(tmp)
+        fsync_dir(output_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def append_jsonl(path: str, obj: dict) -> None:
+    """Append one JSON line (flushed; fsynced with the next checkpoint)."""
+    with open(path, "a") as fh:
+        fh.write(json.dumps(obj, default=float) + "\n")
+        fh.flush()
+
+
+def truncate_jsonl(path: str, step: int) -> None:
+    """Keep only the lines of steps <= ``step`` of a JSON-lines log (a resumed run logs the later ones
+    again). Starting from step 0 keeps nothing; a line cut by a kill is dropped."""
+    if not os.path.isfile(path):
+        return
+    kept = []
+    with open(path) as fh:
+        for line in fh:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+            if step > 0 and isinstance(obj, dict) and obj.get("step", 0) <= step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write("".join(kept))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+# files of a run in output_dir (what "output_dir already holds a run" means, and what overwriting removes)
+RUN_FILES = ("metrics.jsonl", "completions.jsonl", "run_config.json", "summary.json")
+RESUME_HINT = "resume with resume_from_checkpoint=True (gtpo train ... --resume_from_checkpoint true)"
+
+
+class RunDirectory:
+    """The output directory of a run as every process sees it: checks, logs, checkpoints, final model.
+
+    Collective methods (every process calls them; they synchronise through ``accelerator``):
+    :meth:`prepare`, :meth:`drop_later_checkpoints`, :meth:`save_checkpoint`, :meth:`save_model`.
+    Logs and files of the main process are written by it alone.
+
+    Args:
+        output_dir: the run's directory.
+        accelerator: the ``accelerate.Accelerator`` of the run (process index, collectives).
+    """
+
+    def __init__(self, output_dir: str, accelerator):
+        self.output_dir = output_dir
+        self.acc = accelerator
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.output_dir, name)
+
+    # ------------------------------------------------------------------ notes for messages
+    def checkpoint_note(self) -> str:
+        newest = latest_checkpoint(self.output_dir)
+        return "No checkpoint has been written yet." if newest is None else \
+            f"The newest complete checkpoint is {newest}."
+
+    def intact_note(self) -> str:
+        newest = latest_checkpoint(self.output_dir)
+        if newest is None:
+            return "no earlier checkpoint exists (the run would restart from step 0)."
+        return f"the previous checkpoint {os.path.basename(newest)} is intact ({newest})."
+
+    # ------------------------------------------------------------------ starting a run
+    def resolve_resume(self, value) -> str | None:
+        """The checkpoint ``resume_from_checkpoint`` points to: True / "true" the newest complete one of
+        ``output_dir`` (None, with a warning, if there is none), a path that checkpoint; False/None none."""
+        if isinstance(value, str) and value.strip().lower() in ("false", "no", "none", "null", ""):
+            value = None
+        if value is None or value is False:
+            return None
+        if value is True or (isinstance(value, str) and value.strip().lower() == "true"):
+            path = latest_checkpoint(self.output_dir)
+            if path is None:
+                logger.warning("resume_from_checkpoint=True but %s has no complete checkpoint: starting from step 0",
+                               self.output_dir)
+            return path
+        if not isinstance(value, (str, os.PathLike)):
+            raise ValueError(f"resume_from_checkpoint must be True, False/None or a checkpoint directory, got {value!r}")
+        path = os.fspath(value)
+        if not os.path.isdir(path):
+            newest = latest_checkpoint(self.output_dir)
+            hint = f"; the newest complete checkpoint of output_dir is {newest}" if newest else ""
+            raise ValueError(f"resume_from_checkpoint: {path!r} is not a directory{hint}")
+        read_state(path)
+        return path
+
+    def prepare(self, *, resuming: bool, overwrite: bool) -> None:
+        """Refuse an output_dir holding another run unless resuming or overwriting (whose run files and
+        checkpoints are then removed); create it; remove what a killed run left (temporary checkpoints,
+        a half-moved final model, half-written logs)."""
+        acc, out = self.acc, self.output_dir
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise ValueError(f"output_dir {out!r} exists and is not a directory; choose another output_dir")
+        existing = []
+        if not resuming and os.path.isdir(out):
+            existing = [n for n in os.listdir(out) if n in RUN_FILES or n.startswith("checkpoint-")]
+        if existing and not overwrite:
+            raise ValueError(
+                f"output_dir {out!r} already holds a run ({', '.join(sorted(existing)[:3])}); "
+                "resume it (resume_from_checkpoint=True / --resume_from_checkpoint true), choose another "
+                "output_dir, or set overwrite_output_dir=True (--overwrite) to replace it"
+            )
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            for name in existing:
+                path = self.path(name)
+                remove_checkpoint(path) if os.path.isdir(path) else os.remove(path)
+        try:  # every process (no process may wait for one that failed)
+            os.makedirs(out, exist_ok=True)
+        except OSError as err:
+            raise ValueError(f"cannot create output_dir {out!r}: {err.strerror or err}") from err
+        if acc.is_main_process:  # leftovers of a killed run: never loaded, removed here
+            remove_stale_temps(out)
+            shutil.rmtree(self.path(".tmp-final"), ignore_errors=True)
+            for name in RUN_FILES:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.path(name + ".tmp"))
+        acc.wait_for_everyone()
+
+    def drop_later_checkpoints(self, resumed: str, step: int) -> None:
+        """Resuming ``output_dir`` from an older checkpoint (at ``step``) abandons the steps after it:
+        their checkpoints are removed, so that a later resume=True cannot pick one of them."""
+        if os.path.abspath(os.path.dirname(os.path.abspath(resumed))) != os.path.abspath(self.output_dir):
+            return
+        later = [p for s, p in list_checkpoints(self.output_dir) if s > step]
+        if later and self.acc.is_main_process:
+            logger.warning("resuming from step %d: removing the checkpoints of later steps %s (they belong to the "
+                           "abandoned continuation of this run)", step, ", ".join(os.path.basename(p) for p in later))
+            for path in later:
+                remove_checkpoint(path)
+        self.acc.wait_for_everyone()
+
+    def start_logs(self, step: int, run_config: dict[str, Any]) -> None:
+        """Main process: drop log lines of steps after ``step`` (a resumed run logs them again) and write
+        ``run_config.json``."""
+        if not self.acc.is_main_process:
+            return
+        try:
+            truncate_jsonl(self.path("metrics.jsonl"), step)
+            truncate_jsonl(self.path("completions.jsonl"), step)
+            write_json_atomic(self.path("run_config.json"), run_config)
+        except OSError as err:
+            raise CheckpointError(f"cannot write to output_dir {self.output_dir}: {describe_write_error(err)}") from err
+
+    def append(self, name: str, obj: dict) -> None:
+        """Main process: append a line to the log ``name``; a failed write raises CheckpointError."""
+        path = self.path(name)
+        try:
+            append_jsonl(path, obj)
+        except OSError as err:
+            raise CheckpointError(
+                f"{describe_write_error(err)} while appending step {obj.get('step')} to {path}; "
+                f"{self.checkpoint_note()} Free some space and {RESUME_HINT}"
+            ) from err
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, step: int, *, model, tokenizer, optimizer, scheduler, state: dict[str, Any],
+                        save_total_limit: int | None) -> str:
+        """Write ``checkpoint-<step>`` atomically (collective); returns its path.
+
+        Everything goes into ``.tmp-checkpoint-<step>``, is fsynced, and the directory is renamed to
+        ``checkpoint-<step>`` (the commit point). If writing fails on any process (a full disk, a
+        quota, an I/O error), the temporary directory is removed, the older checkpoints are untouched,
+        and :class:`CheckpointError` names what failed, where, and the newest intact checkpoint.
+        """
+        acc = self.acc
+        final = self.path(f"checkpoint-{step}")
+        tmp = temp_dir_for(self.output_dir, step)
+
+        def stage(write) -> None:
+            error = None
+            try:
+                write()
+            except Exception as err:  # noqa: BLE001 -- any write failure (OSError, safetensors', torch's) is reported
+                error = err
+            self._raise_if_failed(error, final, tmp)
+
+        def make_tmp() -> None:
+            if acc.is_main_process:
+                for name in ("metrics.jsonl", "completions.jsonl"):  # the logs of these steps become durable first
+                    if os.path.isfile(self.path(name)):
+                        with open(self.path(name), "rb") as fh:
+                            os.fsync(fh.fileno())
+                shutil.rmtree(tmp, ignore_errors=True)
+                os.makedirs(tmp)
+
+        def write_files() -> None:
+            import torch
+
+            if acc.is_main_process:
+                model.save_pretrained(tmp, safe_serialization=True)
+                tokenizer.save_pretrained(tmp)
+                torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+                torch.save(scheduler.state_dict(), os.path.join(tmp, "scheduler.pt"))
+            torch.save(rng_state(), os.path.join(tmp, f"rng_state_{acc.process_index}.pth"))
+
+        def commit_tmp() -> None:
+            if acc.is_main_process:
+                commit(tmp, final, state)
+
+        stage(make_tmp)
+        stage(write_files)
+        stage(commit_tmp)
+        if acc.is_main_process:
+            try:
+                rotate(self.output_dir, save_total_limit)
+            except OSError as err:  # the new checkpoint is complete; an old one simply stays
+                logger.warning("could not delete old checkpoints in %s: %s", self.output_dir, err)
+        acc.wait_for_everyone()
+        return final
+
+    def _raise_if_failed(self, error: Exception | None, final: str, tmp: str) -> None:
+        """Collective: if writing failed on any process, remove the temporary directory and raise."""
+        acc = self.acc
+        failed = error is not None
+        if acc.num_processes > 1:
+            import torch
+
+            failed = bool(acc.reduce(torch.tensor(float(failed), device=acc.device), "max"))
+        if not failed:
+            return
+        if acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        what = describe_write_error(error) if error is not None else "a write failure on another process"
+        raise CheckpointError(
+            f"{what} while writing {os.path.basename(final)} in {self.output_dir}; {self.intact_note()} "
+            f"Free some space (or lower save_total_limit) and {RESUME_HINT}"
+        ) from error
+
+    def load_checkpoint(self, path: str, *, model, optimizer, scheduler, peft: bool) -> dict[str, Any]:
+        """Restore weights, optimizer, scheduler and this process's RNG from ``path``; returns its
+        trainer state (the caller restores its own counters from it). An unreadable checkpoint raises
+        ``ValueError`` naming it and the other complete checkpoints."""
+        state = read_state(path)
+        rng = os.path.join(path, f"rng_state_{self.acc.process_index}.pth")
+        try:
+            load_weights(model, path, peft=peft)
+            optimizer.load_state_dict(load_torch_file(os.path.join(path, "optimizer.pt")))
+            scheduler.load_state_dict(load_torch_file(os.path.join(path, "scheduler.pt")))
+            rng_states = load_torch_file(rng) if os.path.isfile(rng) else None
+        except Exception as err:  # noqa: BLE001 -- name the checkpoint and the alternatives
+            parent = os.path.dirname(os.path.abspath(path))
+            older = [p for _s, p in list_checkpoints(parent) if os.path.abspath(p) != os.path.abspath(path)]
+            hint = (f" Other complete checkpoints: {', '.join(older)}; resume from one of them with "
+                    "resume_from_checkpoint=PATH (--resume_from_checkpoint PATH)." if older else "")
+            raise ValueError(f"cannot load checkpoint {path}: {type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else ''}.{hint}") from err
+        if rng_states is not None:
+            set_rng_state(rng_states)
+        else:
+            logger.warning("%s has no %s: the random streams restart from the seed (the run stays valid but is "
+                           "not bitwise identical to an uninterrupted one)", path, os.path.basename(rng))
+        return state
+
+    def save_model(self, model, tokenizer, output_dir: str | None = None) -> None:
+        """Save the final model (or adapter) and tokenizer (collective; the main process writes),
+        replacing the old files atomically (:func:`save_model_atomically`). A failure raises
+        :class:`CheckpointError`; the checkpoints are untouched, so resuming writes it again."""
+        out = output_dir or self.output_dir
+        self.acc.wait_for_everyone()
+        if not self.acc.is_main_process:
+            return
+        try:
+            save_model_atomically(model, tokenizer, out)
+        except Exception as err:  # noqa: BLE001 -- any write failure is reported the same way
+            raise CheckpointError(
+                f"{describe_write_error(err)} while writing the final model to {out}; {self.checkpoint_note()} "
+                f"Free some space and {RESUME_HINT} to write it again"
+            ) from err

@@ -26,6 +26,7 @@ from importlib import resources
 from typing import Any
 
 from .config import GTPOConfig
+from .errors import CheckpointError, ConfigError, TrainingStopped
 
 logger = logging.getLogger("gtpo")
 
@@ -60,10 +61,6 @@ RUN_DEFAULTS: dict[str, Any] = {
 DATASET_KEYS = ("name", "split", "size", "seed", "template", "system_prompt", "columns", "path", "kwargs")
 PEFT_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora")
 SFT_KEYS = ("max_steps", "learning_rate", "batch_size", "size", "max_length")
-
-
-class ConfigError(ValueError):
-    """A problem with the run configuration, reported without a traceback."""
 
 
 # ----------------------------------------------------------------------------- YAML + overrides
@@ -342,10 +339,9 @@ def run_train(spec: dict[str, Any], *, source: str, argv: list[str] | None = Non
     """Run ``gtpo train`` from a merged spec (YAML + overrides); ``argv`` (the command line after
     ``train``) is used to print the exact command that resumes the run; ``options`` are the keys
     set on the command line (errors about them name the option)."""
-    from .checkpoint import CheckpointError
     from .models import load_model_and_tokenizer
     from .rewards import resolve_reward
-    from .trainer import GTPOTrainer, TrainingStopped
+    from .trainer import GTPOTrainer
 
     run, config = split_spec(spec, source=source, options=options)
     logging.basicConfig(level=getattr(logging, str(run["log_level"]).upper(), logging.INFO),
@@ -639,10 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as err:
         # a run that stopped on purpose (non-finite steps) or could not write a checkpoint: the message
         # says what, where and which checkpoint is intact; anything else is a bug and keeps its traceback
-        from .checkpoint import CheckpointError
-
-        trainer = sys.modules.get("gtpo.trainer")
-        if isinstance(err, CheckpointError) or (trainer is not None and isinstance(err, trainer.TrainingStopped)):
+        if isinstance(err, (CheckpointError, TrainingStopped)):
             notes = "".join("\n" + n for n in getattr(err, "__notes__", []))
             print(f"gtpo {command}: error: {err}{notes}", file=sys.stderr)
             return 1

@@ -33,25 +33,23 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .errors import ConfigValueError
+
 LN2 = math.log(2.0)
 
+# The option tuples of the package (the maths modules validate against these).
 LOSS_TYPES = ("gtpo", "grpo", "dr_grpo", "dapo")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "constant")
+DEFAULT_AGGREGATION = {"grpo": "seq_mean_token_mean", "dr_grpo": "constant", "dapo": "token_mean"}
 SCALE_REWARDS = ("none", "group", "batch")
 ENTROPY_RULES = ("fixed", "initial")
 FILTER_SCOPES = ("all", "negative")
+GAMMA_GROUPS = ("all", "varying")
+COMPLETION_SIGNS = ("all", "positive", "negative")
 CONFLICT_COMBINE = ("product", "union")
 CONFLICT_COUNT = ("max_run", "union")
 COMPLETION_REDUCTIONS = ("sum", "mean")
 REPORT_TARGETS = ("none", "tensorboard", "wandb", "trackio")
-
-
-class ConfigValueError(ValueError):
-    """A config value that is wrong; ``field`` names the field (None when it is about several)."""
-
-    def __init__(self, message: str, field: str | None = None):
-        super().__init__(message)
-        self.field = field
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -118,6 +116,12 @@ class GTPOConfig:
         "None uses the loss type's own (grpo: seq_mean_token_mean, dapo: token_mean, dr_grpo: constant).",
     )
     # GTPO: conflict tokens
+    conflict_masks: bool | None = _f(
+        None,
+        "Weight the per-token loss by GTPO's conflict weights lambda (pos_weight / neg_weight on the conflict "
+        "runs). None: on for gtpo, off for the baselines; true with grpo/dr_grpo/dapo is the 'GRPO + conflict "
+        "masks only' ablation (no n_conflict division, which is part of GTPO's reduction) [D].",
+    )
     pos_weight: float = _f(
         2.0, "GTPO weight of conflict-run tokens in positive completions (amplified update) [C]: 2.0."
     )
@@ -143,8 +147,10 @@ class GTPOConfig:
         "'mean' ([P]: the 1/G of the printed objective).",
     )
     # GTPO: entropy control
-    entropy_filter: bool = _f(
-        True, "GTPO: drop (advantage 0) completions whose mean token entropy exceeds entropy_threshold [P][C]."
+    entropy_filter: bool | None = _f(
+        None,
+        "Drop (advantage 0) completions whose mean token entropy exceeds entropy_threshold [P][C]. None: on for "
+        "gtpo, off for the baselines; true with a baseline is the paper's 'GRPO + filter' ablation.",
     )
     entropy_threshold: float = _f(
         0.7,
@@ -159,10 +165,21 @@ class GTPOConfig:
     entropy_filter_scope: str = _f(
         "all", "Which completions the filter may drop: 'all' ([P][C]) or 'negative' (the paper's OnlyNeg ablation)."
     )
-    gamma: float = _f(
-        0.1,
-        "GTPO entropy shaping: kept completions get advantage A - gamma * <H>_i (<H>_i detached) [P][C]: 0.1. "
-        "Works with or without the filter (paper ablation).",
+    gamma: float | None = _f(
+        None,
+        "Entropy shaping: kept completions get advantage A - gamma * <H>_i (<H>_i detached) [P][C]: 0.1. Works "
+        "with or without the filter (paper ablation). None: 0.1 for gtpo, 0 for the baselines.",
+    )
+    gamma_groups: str = _f(
+        "all",
+        "Which groups the gamma shift reaches: 'all' ([P][C]; a zero-variance group's completions then all get "
+        "-gamma <H>_i < 0, a push down on every token they share) or 'varying' (only groups whose rewards differ; "
+        "an ablation) [D].",
+    )
+    completion_sign: str = _f(
+        "all",
+        "Train on 'all' completions, or only the 'positive' (A > 0) or 'negative' (A < 0) ones by the sign of "
+        "the unshaped advantage: controls of the science protocol (positive-/negative-sample reinforcement) [D].",
     )
 
     # ------------------------------------------------------------------ DAPO extras
@@ -243,6 +260,13 @@ class GTPOConfig:
     )
     bf16: bool = _f(False, "Train in bfloat16 mixed precision (GPU).")
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass to save memory.")
+    log_policy_change: bool = _f(
+        False,
+        "Log how far each step moved the policy: update_norm (||theta_new - theta_old|| over the trainable "
+        "parameters) and, on the step's own completion tokens, kl/new_old = KL(pi_new || pi_old) (estimator "
+        "r log r - r + 1) and kl/old_new = KL(pi_old || pi_new) (k3, (r - 1) - log r), with r = pi_new / "
+        "pi_old of the sampled tokens. Costs one forward without gradient per step [D].",
+    )
     max_consecutive_skips: int = _f(
         5,
         "Steps whose loss or gradient is NaN/inf are skipped (counted in skipped_steps); after this many "
@@ -294,6 +318,25 @@ class GTPOConfig:
         if self.scale_rewards is not None:
             return self.scale_rewards
         return "group" if self.loss_type in ("grpo", "dapo") else "none"
+
+    @property
+    def resolved_entropy_filter(self) -> bool:
+        return self.loss_type == "gtpo" if self.entropy_filter is None else self.entropy_filter
+
+    @property
+    def resolved_gamma(self) -> float:
+        if self.gamma is not None:
+            return self.gamma
+        return 0.1 if self.loss_type == "gtpo" else 0.0
+
+    @property
+    def resolved_conflict_masks(self) -> bool:
+        return self.loss_type == "gtpo" if self.conflict_masks is None else self.conflict_masks
+
+    @property
+    def entropy_control(self) -> bool:
+        """Whether advantages are shaped by the entropy filter / gamma shift (needs each completion's entropy)."""
+        return self.resolved_entropy_filter or self.resolved_gamma != 0
 
     @property
     def resolved_logprob_temperature(self) -> float:
@@ -356,6 +399,8 @@ class GTPOConfig:
         choice("completion_reduction", COMPLETION_REDUCTIONS)
         choice("entropy_rule", ENTROPY_RULES)
         choice("entropy_filter_scope", FILTER_SCOPES)
+        choice("gamma_groups", GAMMA_GROUPS)
+        choice("completion_sign", COMPLETION_SIGNS)
         if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 2:
             raise ValueError(
                 f"GTPOConfig.group_size must be an integer >= 2 (advantages are relative to the group), "
@@ -401,7 +446,7 @@ class GTPOConfig:
         at_least("epsilon", 0.0)
         at_least("epsilon_high", 0.0, allow_none=True)
         at_least("beta", 0.0)
-        at_least("gamma", 0.0)
+        at_least("gamma", 0.0, allow_none=True)
         at_least("entropy_threshold", 0.0, allow_inf=True)  # inf: the filter never drops anything
         at_least("max_grad_norm", 0.0, allow_inf=True)  # inf (like 0): no clipping
         at_least("weight_decay", 0.0)
@@ -510,25 +555,22 @@ class GTPOConfig:
 
     # the keyword arguments the maths functions take ------------------------------------
     def loss_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`gtpo.losses.policy_loss` that come from this config."""
-        kw: dict[str, Any] = dict(
-            beta=self.beta,
-            eps_low=self.epsilon,
-            eps_high=self.resolved_epsilon_high,
-            max_completion_length=self.max_completion_length,
-        )
+        """The config's keyword arguments of ``gtpo.losses.POLICY_LOSSES[loss_type]`` (the batch-dependent
+        ones, ``num_sequences``, ``num_tokens``, ``old_logp``, ``token_weights``, ... come from the trainer)."""
+        kw: dict[str, Any] = dict(eps_low=self.epsilon, eps_high=self.resolved_epsilon_high)
         if self.loss_type == "gtpo":
-            kw.update(
-                entropy_threshold=self.entropy_threshold if self.entropy_filter else None,
-                gamma=self.gamma,
-                filter_scope=self.entropy_filter_scope,
-                divide_by_conflict_count=self.divide_by_conflict_count,
-                completion_reduction=self.completion_reduction,
-                group_size=self.group_size,
-            )
+            kw.update(divide_by_conflict_count=self.divide_by_conflict_count,
+                      completion_reduction=self.completion_reduction, group_size=self.group_size)
         else:
-            kw["aggregation"] = self.loss_aggregation
+            kw.update(beta=self.beta, aggregation=self.loss_aggregation or DEFAULT_AGGREGATION[self.loss_type],
+                      max_completion_length=self.max_completion_length)
         return kw
+
+    def shaping_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`gtpo.advantages.shape_advantages` (``initial_entropy`` and the
+        per-row masks come from the trainer)."""
+        return dict(threshold=self.entropy_threshold if self.resolved_entropy_filter else None,
+                    gamma=self.resolved_gamma, scope=self.entropy_filter_scope)
 
     def conflict_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of :func:`gtpo.conflict.conflict_weights`."""

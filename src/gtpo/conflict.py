@@ -46,12 +46,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .config import CONFLICT_COMBINE, CONFLICT_COUNT
 from .ops import _check_group_size, _check_option, _check_shape, _check_tensor
 
-__all__ = ["COMBINES", "COUNTS", "conflict_runs", "conflict_weights"]
-
-COMBINES = ("product", "union")
-COUNTS = ("max_run", "union")
+__all__ = ["conflict_runs", "conflict_weights"]
 
 # Upper bound on the elements of one (P_chunk, G, G, B) boolean temporary.
 _MAX_PAIR_ELEMENTS = 2**24
@@ -225,8 +223,8 @@ def conflict_weights(
     for name, value in (("pos_weight", pos_weight), ("neg_weight", neg_weight)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{name}: expected a float, got {value!r}")
-    _check_option("combine", combine, COMBINES)
-    _check_option("count", count, COUNTS)
+    _check_option("combine", combine, CONFLICT_COMBINE)
+    _check_option("count", count, CONFLICT_COUNT)
 
     N, T = completion_ids.shape
     device = completion_ids.device

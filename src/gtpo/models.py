@@ -46,6 +46,11 @@ def _resolve(spec: str) -> tuple[str, str | None]:
     return spec, None
 
 
+def unwrap_peft(model):
+    """The transformers model under a peft model (``get_base_model()``), or ``model`` itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def clear_quantization_state(model) -> None:
     """Make a dequantized GGUF model save as a plain float model."""
     model.hf_quantizer = None

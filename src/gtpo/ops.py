@@ -37,15 +37,15 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .config import AGGREGATIONS
+
 __all__ = [
-    "AGGREGATIONS",
     "aggregate",
     "masked_mean",
     "masked_sum",
     "token_logprobs_and_entropy",
 ]
 
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "constant")
 
 # Default size of one chunk of fp32 logits in token_logprobs_and_entropy (bytes).
 _DEFAULT_CHUNK_BYTES = 64 * 2**20

@@ -28,7 +28,7 @@ def main():
     trainer.train()
     rank = trainer.accelerator.process_index
     with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
-        json.dump({"rows": trainer._last_batch.rows, "world": trainer.accelerator.num_processes}, fh)
+        json.dump({"rows": trainer.last_batch.rows, "world": trainer.accelerator.num_processes}, fh)
     weights = {n: p.detach().clone() for n, p in trainer.unwrapped_model.named_parameters()}
     torch.save(weights, os.path.join(out, f"weights{rank}.pt"))
 

@@ -132,16 +132,16 @@ def install_kill(spec: str) -> None:
 
         T.step = step
     elif name == "rollout":
-        orig_rollout = T._rollout
+        orig_rollout = T.sample_rollout
 
         def rollout(self, rows):
             if self.global_step + 1 == k:
                 _die()
             return orig_rollout(self, rows)
 
-        T._rollout = rollout
+        T.sample_rollout = rollout
     elif name == "metrics_append":
-        orig_append = tr._append_jsonl
+        orig_append = ckpt.append_jsonl
 
         def append(path, obj):
             if path.endswith("metrics.jsonl") and obj.get("step") == k:
@@ -152,7 +152,7 @@ def install_kill(spec: str) -> None:
                 _die()
             return orig_append(path, obj)
 
-        tr._append_jsonl = append
+        ckpt.append_jsonl = append
     elif name == "model_write":
         orig_save_file = transformers.modeling_utils.safe_save_file
 
@@ -262,14 +262,14 @@ def _pause(sync: str, name: str) -> None:
 def install_pauses(sync: str, score_step: int | None, commit_step: int | None) -> None:
     T = tr.GTPOTrainer
     if score_step is not None:
-        orig_score = T._score
+        orig_score = T.score
 
         def score(self, rows, rollout):
             if self.global_step + 1 == score_step:
                 _pause(sync, "score")
             return orig_score(self, rows, rollout)
 
-        T._score = score
+        T.score = score
     if commit_step is not None:
         orig_commit = ckpt.commit
 

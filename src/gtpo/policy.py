@@ -1,0 +1,119 @@
+"""The policy forward of the update: log-probs and entropies of the completion tokens.
+
+:class:`PolicyForward` wraps a causal LM so that distributed wrappers (DDP) see one module whose
+``forward`` runs the decoder over the prompts and completions (each group's prompt once,
+:func:`completion_hidden_states`) and the chunked LM head (:func:`gtpo.ops.token_logprobs_and_entropy`):
+the ``(N, T, V)`` logits never exist at once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .models import unwrap_peft
+from .ops import token_logprobs_and_entropy
+from .padding import position_ids
+from .shared_prefix import cache_kwarg, prompt_groups, shared_prompt_cache, sharing_is_exact
+
+__all__ = ["PolicyForward", "completion_hidden_states"]
+
+
+def completion_hidden_states(
+    decoder: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_length: int,
+    *,
+    share_prompts: bool = True,
+) -> torch.Tensor:
+    """Last hidden states ``(N, T, D)`` that predict the completion tokens (with gradients).
+
+    Args:
+        decoder: the transformer body of a causal LM (``model.get_decoder()``), in train or eval mode.
+        input_ids: ``(N, S + T)`` left-padded prompts followed by right-padded completions.
+        attention_mask: ``(N, S + T)`` 1 on real tokens.
+        completion_length: ``T``.
+        share_prompts: compute each run of identical prompts (a group) once (see the module
+            docstring); False always runs the plain forward.
+
+    Returns:
+        ``hidden (N, T, D)``: the final-norm hidden state at positions ``S - 1 .. S + T - 2``,
+        i.e. the state before each completion token. Position ids are ``cumsum(mask) - 1``
+        (left padding does not shift positions). The last token (it predicts nothing) is left
+        out of the forward: under causal attention no other position depends on it. With
+        sharing, the first ``S - 1`` tokens of each group run once and the last prompt token
+        plus the completion (without its last token) run per row on top of the shared cache;
+        the values equal those of the plain forward over the ``(N, S + T)`` batch up to float
+        rounding.
+    """
+    width = input_ids.shape[1]
+    valid = isinstance(completion_length, int) and not isinstance(completion_length, bool)
+    if not valid or not 1 <= completion_length < width:
+        raise ValueError(
+            f"completion_length: expected an int T with 1 <= T < {width} (the input width S + T, with at least one "
+            f"prompt token), got {completion_length!r}"
+        )
+    if tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask: expected shape {tuple(input_ids.shape)} (input_ids), got "
+                         f"{tuple(attention_mask.shape)}")
+    t = completion_length
+    positions = position_ids(attention_mask)  # (N, S+T)
+    prefix = width - t - 1  # shared tokens: the prompt without its last token
+    groups = None
+    if share_prompts and prefix > 0 and sharing_is_exact(decoder):
+        groups = prompt_groups(input_ids[:, :prefix], attention_mask[:, :prefix])
+    cache = None
+    if groups is not None:
+        cache = shared_prompt_cache(decoder, input_ids[:, :prefix], attention_mask[:, :prefix],
+                                    positions[:, :prefix], groups)
+    # the last token predicts nothing: causal attention lets it be left out of the forward
+    if cache is None:
+        hidden = decoder(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                         position_ids=positions[:, :-1], use_cache=False).last_hidden_state  # (N, S+T-1, D)
+        return hidden[:, -t:]
+    return decoder(input_ids=input_ids[:, prefix:-1], attention_mask=attention_mask[:, :-1],
+                   position_ids=positions[:, prefix:-1], use_cache=True,
+                   **{cache_kwarg(): cache}).last_hidden_state  # (N, T, D)
+
+
+class PolicyForward(nn.Module):
+    """Log-probs and entropies of completion tokens from one forward pass of a causal LM.
+
+    Wraps the model so that distributed wrappers (DDP) see one module whose ``forward`` runs the
+    decoder and the chunked LM head: the ``(N, T, V)`` logits are never materialised.
+    """
+
+    def __init__(self, model: nn.Module, *, chunk_size: int | None = None):
+        super().__init__()
+        self.model = model
+        self.chunk_size = chunk_size
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        completion_ids: torch.Tensor,
+        temperature: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids (N, S+T)``, ``attention_mask (N, S+T)``, ``completion_ids (N, T)`` ->
+        ``logp (N, T)`` (with grad) and ``entropy (N, T)`` (no grad)."""
+        base = unwrap_peft(self.model)
+        t = completion_ids.shape[1]
+        config = base.config
+        special_head = getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)
+        if special_head:  # models that post-process logits: use the full head (rare; exact)
+            logits = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                          use_cache=False, logits_to_keep=t + 1).logits[:, :-1].float() / temperature
+            logp_all = torch.log_softmax(logits, dim=-1)
+            logp = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+            entropy = -(logp_all.exp() * logp_all).sum(-1).detach()
+            return logp, entropy
+        # (N, T, D): the state before each completion token; the prompt shared by the rows of a
+        # group runs once per group, not once per row (exact; completion_hidden_states)
+        hidden = completion_hidden_states(base.get_decoder(), input_ids, attention_mask, t)
+        head = base.get_output_embeddings()
+        return token_logprobs_and_entropy(
+            hidden, head.weight, completion_ids, temperature=temperature, chunk_size=self.chunk_size,
+            bias=getattr(head, "bias", None),
+        )

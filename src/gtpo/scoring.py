@@ -1,0 +1,253 @@
+"""Scoring completions: reward functions under TRL's contract, their validation, DAPO's overlong penalty.
+
+Each reward function gets TRL's call ``f(prompts=, completions=, completion_ids=, **dataset_columns)``
+and returns one value per completion: a real number (Python, numpy or a one-element tensor; bools
+count as 0/1, as in TRL) or None (not scored by this function). The reward is the weighted sum of
+the functions' values. Anything unusable raises :class:`gtpo.errors.RewardFunctionError` naming
+the function, the completion, its prompt index in the step, its dataset row and, when the function
+raised, the line of its own code that raised and the first prompt it fails on.
+
+:class:`ScoredBatch` is a rollout with its rewards; DAPO's dynamic sampling takes its groups apart
+(:meth:`ScoredBatch.group`) and puts the kept ones together (:meth:`ScoredBatch.concat`).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from .errors import RewardFunctionError
+from .rollout import Rollout
+
+__all__ = ["RewardScorer", "ScoredBatch", "overlong_penalty"]
+
+
+@dataclass
+class ScoredBatch:
+    """A rollout with its rewards. ``rewards (N,)``, ``per_func (N, F)`` (NaN: not scored by that
+    function); ``rows``: the dataset row of each prompt (``P`` entries); rows prompt-major."""
+
+    rollout: Rollout
+    rows: list[int]
+    rewards: torch.Tensor
+    per_func: torch.Tensor
+
+    def group(self, p: int, g: int) -> "ScoredBatch":
+        """The ``p``-th group (``g`` rows) as a batch of one prompt."""
+        sl = slice(p * g, (p + 1) * g)
+        r = self.rollout
+        return ScoredBatch(
+            Rollout(r.prompt_ids[sl], r.prompt_mask[sl], r.completion_ids[sl], r.completion_mask[sl],
+                    r.truncated[sl], r.texts[sl]),
+            [self.rows[p]], self.rewards[sl], self.per_func[sl],
+        )
+
+    def group_varies(self, p: int, g: int) -> bool:
+        """Whether the rewards of the ``p``-th group differ (a zero-variance group does not)."""
+        grp = self.rewards[p * g:(p + 1) * g]
+        return bool((grp.max() - grp.min()) > 1e-8)
+
+    @staticmethod
+    def concat(batches: list["ScoredBatch"], pad_id: int) -> "ScoredBatch":
+        """One batch of ``batches``, prompts re-padded on the left and completions on the right."""
+        width_s = max(b.rollout.prompt_ids.shape[1] for b in batches)
+        width_t = max(b.rollout.completion_ids.shape[1] for b in batches)
+        pad = torch.nn.functional.pad
+        r = [b.rollout for b in batches]
+        rollout = Rollout(
+            torch.cat([pad(x.prompt_ids, (width_s - x.prompt_ids.shape[1], 0), value=pad_id) for x in r]),
+            torch.cat([pad(x.prompt_mask, (width_s - x.prompt_mask.shape[1], 0), value=0) for x in r]),
+            torch.cat([pad(x.completion_ids, (0, width_t - x.completion_ids.shape[1]), value=pad_id) for x in r]),
+            torch.cat([pad(x.completion_mask, (0, width_t - x.completion_mask.shape[1]), value=0) for x in r]),
+            torch.cat([x.truncated for x in r]),
+            [t for x in r for t in x.texts],
+        )
+        return ScoredBatch(rollout, [row for b in batches for row in b.rows],
+                           torch.cat([b.rewards for b in batches]), torch.cat([b.per_func for b in batches]))
+
+
+def overlong_penalty(lengths: torch.Tensor, *, max_completion_length: int, buffer_length: int,
+                     penalty_factor: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025): ``(N,)`` penalties for completion
+    ``lengths (N,)``: 0 up to ``max_completion_length - buffer_length`` tokens, then falling
+    linearly to ``-penalty_factor`` at ``max_completion_length``."""
+    start = max_completion_length - buffer_length
+    over = (lengths.float() - start).clamp(min=0) / buffer_length
+    return -penalty_factor * over.clamp(max=1.0)
+
+
+def reward_name(func: Callable) -> str:
+    return getattr(func, "__name__", None) or type(func).__name__
+
+
+class RewardScorer:
+    """Reward functions with their weights; called on a rollout it returns the rewards.
+
+    Args:
+        funcs: callables with TRL's contract (see the module docstring).
+        weights: one weight per function (default all 1); must be finite in float32.
+    """
+
+    def __init__(self, funcs: list[Callable], weights: list[float] | None = None):
+        if not funcs:
+            raise ValueError("reward_funcs is empty: give at least one reward function")
+        self.funcs = list(funcs)
+        self.names = [reward_name(f) for f in self.funcs]
+        weights = weights if weights is not None else [1.0] * len(self.funcs)
+        if len(weights) != len(self.funcs):
+            raise ValueError(f"GTPOConfig.reward_weights has {len(weights)} entries but there are {len(self.funcs)} "
+                             f"reward functions ({self.names})")
+        self.weights = torch.tensor(weights, dtype=torch.float32)  # (F,)
+        if not torch.isfinite(self.weights).all():
+            raise ValueError(f"GTPOConfig.reward_weights {list(weights)} do not fit in float32")
+
+    def __call__(self, rollout: Rollout, prompts: list, columns: dict[str, list], *, rows: list[int], group_size: int,
+                 step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rewards (N,)`` (weighted sum, NaN-free) and ``per_func (N, F)`` (NaN where a function
+        returned None) for the completions of ``rollout``.
+
+        ``prompts`` and ``columns`` (the dataset's other columns) hold one entry per PROMPT
+        (``P``); ``rows`` are their dataset rows and ``step`` the training step, both for messages.
+
+        Each reward function gets TRL's call ``f(prompts=, completions=, completion_ids=,
+        **dataset_columns)`` and must return N values, each a real number (Python, numpy or a
+        one-element tensor; bools count as 0/1, as in TRL) or None (not scored by this function).
+        Anything else raises :class:`RewardFunctionError` naming the function, the completion, its
+        prompt index in the step and its dataset row.
+        """
+        g = group_size
+        columns = {k: [v for v in values for _ in range(g)] for k, values in columns.items()}
+        prompts = [p for p in prompts for _ in range(g)]
+        conversational = not isinstance(prompts[0], str)
+        completions = [[{"role": "assistant", "content": t}] for t in rollout.texts] if conversational else rollout.texts
+        ids = [c[m.bool()].tolist() for c, m in zip(rollout.completion_ids, rollout.completion_mask)]
+        n = len(prompts)
+        per_func = torch.empty((n, len(self.funcs)), dtype=torch.float32)
+        for j, (func, name) in enumerate(zip(self.funcs, self.names)):
+            def call(sl: slice, func=func):
+                return func(prompts=prompts[sl], completions=completions[sl], completion_ids=ids[sl],
+                            **{k: v[sl] for k, v in columns.items()})
+
+            try:
+                out = call(slice(None))
+            except Exception as err:  # name the function and the prompt; keep the original traceback chained
+                raise RewardFunctionError(_raised_message(name, err, call, rows, prompts, g, step)) from err
+            out = _reward_values(out, name, n, rows, g, step)
+            for i, v in enumerate(out):
+                per_func[i, j] = _reward_value(v, name, i, rows, g, step)
+        all_none = torch.isnan(per_func).all(dim=1)
+        if all_none.any():
+            i = int(all_none.nonzero()[0])
+            raise RewardFunctionError(
+                f"every reward function returned None for completion {i} (prompt index {i // g}, dataset row "
+                f"{rows[i // g]}, step {step}); at least one must score each completion ({self.names})"
+            )
+        rewards = (torch.nan_to_num(per_func, nan=0.0) * self.weights).sum(dim=1)
+        if not torch.isfinite(rewards).all():
+            i = int((~torch.isfinite(rewards)).nonzero()[0])
+            raise RewardFunctionError(
+                f"the weighted sum of the rewards of completion {i} (prompt index {i // g}, dataset row {rows[i // g]}, "
+                f"step {step}) overflows float32: {dict(zip(self.names, per_func[i].tolist()))} with "
+                f"reward_weights {self.weights.tolist()}; rescale the reward functions"
+            )
+        return rewards, per_func
+
+
+def _raised_message(name: str, err: Exception, call: Callable, rows: list[int], prompts: list, g: int,
+                    step: int) -> str:
+    """Say which reward function raised what, where in its code, and on which prompt.
+
+    The batch call gives no prompt index, so the function is called again one prompt group at
+    a time (only on this error path) to find the first prompt it fails on.
+    """
+    where = _user_frame(err)
+    msg = (f"reward function {name!r} raised {type(err).__name__}: {err}{where} "
+           f"(step {step}, dataset rows {rows})")
+    for p in range(len(rows)):
+        try:
+            call(slice(p * g, (p + 1) * g))
+        except Exception as err_p:
+            prompt = prompts[p * g]
+            text = prompt if isinstance(prompt, str) else prompt[-1].get("content", prompt) if prompt else prompt
+            msg += (f"; it fails on prompt index {p} (dataset row {rows[p]}: {str(text)[:80]!r})"
+                    + ("" if type(err_p) is type(err) else f" with {type(err_p).__name__}: {err_p}"))
+            break
+    if isinstance(err, TypeError) and "argument" in str(err):
+        msg += ("; reward functions are called as f(prompts=..., completions=..., completion_ids=..., "
+                "**dataset_columns): give the function a **kwargs parameter")
+    return msg
+
+
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _user_frame(err: BaseException) -> str:
+    """`` at file.py:12 in fn`` for the frame of the reward function that raised (its own code)."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename != __file__]  # not this module's
+    if not frames:
+        return ""
+    own, deepest = frames[0], frames[-1]
+    where = f" at {os.path.basename(own.filename)}:{own.lineno} in {own.name}"
+    if deepest is not own:
+        where += f" (raised in {os.path.basename(deepest.filename)}:{deepest.lineno} in {deepest.name})"
+    return where
+
+
+def _reward_values(out: Any, name: str, n: int, rows: list[int], g: int, step: int) -> list:
+    """The N values returned by reward function ``name`` as a list (a list/tuple, or a 1-D tensor/array)."""
+    if isinstance(out, torch.Tensor) or type(out).__module__ == "numpy":
+        shape = tuple(out.shape)
+        if len(shape) != 1:
+            raise RewardFunctionError(
+                f"reward function {name!r} returned a {type(out).__name__} of shape {shape} at step {step}; "
+                f"expected a list of {n} floats or None (one per completion)"
+            )
+        out = out.tolist()
+    if not isinstance(out, (list, tuple)):
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {type(out).__name__} ({out!r:.80}) at step {step}; expected a "
+            f"list of {n} floats or None (one per completion)"
+        )
+    if len(out) != n:
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {len(out)} values for {n} completions at step {step} "
+            f"({len(rows)} prompts x group_size {g}; dataset rows {rows}); return one value per completion"
+        )
+    return list(out)
+
+
+def _reward_value(v: Any, name: str, i: int, rows: list[int], g: int, step: int) -> float:
+    """One reward as a float (NaN for None), or RewardFunctionError naming completion ``i`` and its prompt."""
+    where = f"for completion {i} (prompt index {i // g}, dataset row {rows[i // g]}, step {step})"
+    if v is None:
+        return float("nan")
+    if isinstance(v, torch.Tensor) or type(v).__module__ == "numpy":
+        if getattr(v, "ndim", 0) == 0 or (hasattr(v, "numel") and v.numel() == 1) or getattr(v, "size", 0) == 1:
+            try:
+                v = v.item()
+            except (ValueError, RuntimeError):
+                pass
+    if isinstance(v, bool) or type(v).__name__ == "bool_":
+        v = float(bool(v))
+    if not isinstance(v, numbers.Real):
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {v!r:.80} ({type(v).__name__}) {where}; expected a float or None"
+        )
+    try:
+        v = float(v)
+    except (OverflowError, ValueError, TypeError) as err:  # e.g. an int beyond the float range
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {v!r:.80} {where}, which is not a float ({err})") from err
+    if not math.isfinite(v):
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {v} {where}; rewards must be finite (or None to skip a completion)"
+        )
+    if abs(v) > _FLOAT32_MAX:
+        raise RewardFunctionError(f"reward function {name!r} returned {v} {where}, beyond the float32 range")
+    return v
