@@ -110,9 +110,9 @@ def test_official_preset_and_paper_configs_sample_at_0_9_with_raw_logprobs():
 
 # ----------------------------------------------------------------------------- 1. silent no-training
 def test_a_run_whose_filter_drops_everything_says_so(tiny_model_path, tmp_path, caplog, monkeypatch):
-    import gtpo.trainer as trainer_module
+    import gtpo.diagnostics
 
-    monkeypatch.setattr(trainer_module, "FILTERED_WARNING_INTERVAL", 3)
+    monkeypatch.setattr(gtpo.diagnostics, "FILTERED_WARNING_INTERVAL", 3)
     # GTPOConfig's filter defaults (fixed tau = 0.7) on a random model (entropy ~ ln 512 = 6.2 nats)
     cfg = config(tmp_path, max_steps=7, learning_rate=1e-2)
     assert cfg.resolved_entropy_filter and cfg.entropy_rule == "fixed" and cfg.entropy_threshold == 0.7
@@ -122,9 +122,9 @@ def test_a_run_whose_filter_drops_everything_says_so(tiny_model_path, tmp_path, 
         metrics = trainer.train()
     after = dict(trainer.unwrapped_model.named_parameters())
     assert all(torch.equal(before[n], after[n]) for n in before)  # trained nothing ...
-    assert trainer.no_signal_steps == {"filtered": 7, "zero_variance": 0, "masked": 0, "nonfinite": 0}
+    assert trainer.no_signal.counts == {"filtered": 7, "zero_variance": 0, "masked": 0, "nonfinite": 0}
     assert metrics["no_signal_steps"] == 7.0 and metrics["no_signal/filtered"] == 7.0
-    assert trainer.no_signal_summary() == "7 (filtered 7)"
+    assert trainer.no_signal.summary() == "7 (filtered 7)"
     warnings = [r.getMessage() for r in caplog.records if "entropy filter dropped every completion" in r.getMessage()]
     assert len(warnings) == 3  # steps 1, 4, 7: repeated at an interval, not every step
     first = warnings[0]
@@ -165,7 +165,7 @@ def test_zero_variance_steps_are_counted_for_grpo(tiny_model_path, tmp_path):
     cfg = config(tmp_path, loss_type="grpo", max_steps=2)
     trainer = GTPOTrainer(tiny_model_path, lambda completions, **kw: [1.0] * len(completions), rows(), args=cfg)
     trainer.train()
-    assert trainer.no_signal_steps["zero_variance"] == 2
+    assert trainer.no_signal.counts["zero_variance"] == 2
 
 
 # ----------------------------------------------------------------------------- fixed rollouts

@@ -395,11 +395,11 @@ def run_train(spec: dict[str, Any], *, source: str, argv: list[str] | None = Non
             print(f"training stopped by {trainer.stopped_by} after step {trainer.global_step} of {config.max_steps}; "
                   f"checkpoint: {trainer.stopped_early}\nresume with: {again}", flush=True)
         return 0
-    summary: dict[str, Any] = {"no_signal_steps": sum(trainer.no_signal_steps.values()),
-                               "no_signal_reasons": dict(trainer.no_signal_steps)}
+    summary: dict[str, Any] = {"no_signal_steps": trainer.no_signal.total,
+                               "no_signal_reasons": trainer.no_signal.state_dict()}
     if state.is_main_process:
         if summary["no_signal_steps"]:
-            print(f"{trainer.no_signal_summary()} of {trainer.global_step} steps had no gradient signal "
+            print(f"{trainer.no_signal.summary()} of {trainer.global_step} steps had no gradient signal "
                   "(filtered: the entropy filter dropped every completion; zero-variance: every group's rewards "
                   "were equal; masked: every completion was truncated and masked; nonfinite: the update was "
                   "skipped)", flush=True)

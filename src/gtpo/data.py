@@ -184,10 +184,13 @@ def extract_gsm8k_answer(text: str) -> str | None:
     return answer or None
 
 
-def _gsm8k_solution(text: str) -> str:
-    """The worked reasoning of a GSM8K answer: before ``####``, calculator ``<<..>>`` removed."""
-    reasoning = text.rsplit("####", 1)[0]
-    return _CALCULATOR_ANNOTATION.sub("", reasoning).strip()
+def gsm8k_reasoning(text: str) -> str:
+    """The worked reasoning of a GSM8K-style rationale: everything from the last ``####`` on removed
+    (GSM8K and reasoning-gym ``gsm_symbolic`` rationales end with ``"#### <answer>"``), and the
+    calculator annotations ``<<48/2=24>>``."""
+    if "####" in text:
+        text = text.rsplit("####", 1)[0]
+    return _CALCULATOR_ANNOTATION.sub("", text).strip()
 
 
 def last_boxed(text: str) -> str | None:
@@ -377,7 +380,7 @@ def _process_gsm8k(row: dict, desc: str, i: int) -> dict | None:
     return {
         "question": row["question"],
         "answer": gold,
-        "solution": _gsm8k_solution(row["answer"]),
+        "solution": gsm8k_reasoning(row["answer"]),
     }
 
 
@@ -851,3 +854,28 @@ def load_task(
         ordered.update(example)
         examples.append(ordered)
     return datasets.Dataset.from_list(examples)
+
+
+def as_dataset(dataset, name: str = "train_dataset"):
+    """A ``datasets.Dataset`` from a Dataset or a list of dicts (the trainer's ``train_dataset`` /
+    ``eval_dataset``), with errors naming ``name`` and the row."""
+    from datasets import Dataset
+
+    if isinstance(dataset, Dataset):
+        return dataset
+    if isinstance(dataset, (list, tuple)):
+        if not dataset:
+            raise ValueError(f"{name} is empty: give at least one row with a 'prompt'")
+        bad = next((i for i, r in enumerate(dataset) if not isinstance(r, dict)), None)
+        if bad is not None:
+            raise ValueError(f"{name} as a list must hold dicts with a 'prompt' key; row {bad} is "
+                             f"{type(dataset[bad]).__name__}")
+        try:
+            return Dataset.from_list(list(dataset))
+        except Exception as err:  # pyarrow cannot build a table: e.g. a column mixing strings and lists
+            raise ValueError(
+                f"{name}: cannot build a dataset from these rows ({type(err).__name__}: {str(err).splitlines()[0]}); "
+                "every row must have the same columns with values of one type (e.g. 'prompt' always a string, "
+                "or always a list of messages)"
+            ) from err
+    raise ValueError(f"{name} must be a datasets.Dataset or a list of dicts, got {type(dataset).__name__}")

@@ -452,27 +452,30 @@ def answers_equivalent(a: str | None, b: str | None) -> bool:
     equivalent, ``1,000`` and ``1000`` too. Never raises; None or empty answers are never
     equivalent to anything. Used by evaluation to group answers for maj@k.
     """
-    if a is None or b is None:
+    pair = _normalised_pair(a, b)
+    if pair is None:
         return False
-    a_norm, b_norm = _normalise_string(a), _normalise_string(b)
-    if not a_norm or not b_norm:
-        return False
-    if a_norm == b_norm:
+    if pair[0] == pair[1]:
         return True
-    pa, pb = _parse_cached(a_norm), _parse_cached(b_norm)
+    pa, pb = _parse_cached(pair[0]), _parse_cached(pair[1])
     return _verify(pa, pb) or _verify(pb, pa)
+
+
+def _normalised_pair(a: str | None, b: str | None) -> tuple[str, str] | None:
+    """Both answers normalised, or None when either is missing or empty."""
+    if a is None or b is None:
+        return None
+    a_norm, b_norm = _normalise_string(a), _normalise_string(b)
+    return (a_norm, b_norm) if a_norm and b_norm else None
 
 
 def _is_correct(pred: str | None, gold: str) -> bool:
     """Gold-vs-prediction check: ``verify(gold, pred)`` with the gold as reference."""
-    if pred is None:
+    pair = _normalised_pair(pred, gold)
+    if pair is None:
         return False
-    pred_norm, gold_norm = _normalise_string(pred), _normalise_string(gold)
-    if not pred_norm or not gold_norm:
-        return False
-    if pred_norm == gold_norm:
-        return True
-    return _verify(_parse_cached(gold_norm), _parse_cached(pred_norm))
+    pred_norm, gold_norm = pair
+    return pred_norm == gold_norm or _verify(_parse_cached(gold_norm), _parse_cached(pred_norm))
 
 
 def correctness_reward(

@@ -9,6 +9,7 @@ every maths function of the package expects (``rewards (N,)`` with ``N = P * G``
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +18,10 @@ from .decode import decode, decode_loop_config, prefill, prefill_shared
 from .padding import completion_mask_from_ids, left_pad
 from .shared_prefix import cache_kwarg
 
-__all__ = ["PromptSampler", "Rollout", "encode_prompts", "eos_token_ids", "generate", "prompt_text"]
+__all__ = ["PromptSampler", "Rollout", "encode_dataset_prompts", "encode_prompts", "eos_token_ids", "generate",
+           "prompt_text"]
+
+logger = logging.getLogger("gtpo")
 
 
 @dataclass
@@ -74,6 +78,37 @@ def encode_prompts(tokenizer, prompts: list) -> list[list[int]]:
         add_special = isinstance(prompt, str)
         ids.append(tokenizer(text, add_special_tokens=add_special)["input_ids"])
     return ids
+
+
+def encode_dataset_prompts(dataset, tokenizer, max_prompt_length: int):
+    """``(dataset, prompt_ids, dropped)``: ``dataset`` (a ``datasets.Dataset`` with a ``prompt`` column)
+    without the prompts longer than ``max_prompt_length`` tokens, the token ids of its prompts
+    (:func:`encode_prompts`), and how many were dropped (with a warning). Errors name the row."""
+    if len(dataset) == 0:
+        raise ValueError("train_dataset is empty: give at least one row with a 'prompt'")
+    if "prompt" not in dataset.column_names:
+        hint = " (rename the question column to 'prompt')" if "question" in dataset.column_names else ""
+        raise ValueError(f"train_dataset has no 'prompt' column (columns: {dataset.column_names}){hint}")
+    ids = []
+    for i, prompt in enumerate(dataset["prompt"]):  # one by one, so that an error names its row
+        try:
+            ids.extend(encode_prompts(tokenizer, [prompt]))
+        except ValueError as err:
+            raise ValueError(f"train_dataset row {i}: {err}") from err
+        except Exception as err:  # e.g. a chat template that fails on malformed messages
+            raise ValueError(f"train_dataset row {i}: cannot encode the prompt {prompt!r:.200}: "
+                             f"{type(err).__name__}: {err}") from err
+    limit = max_prompt_length
+    keep = [i for i, x in enumerate(ids) if len(x) <= limit]
+    if not keep:
+        raise ValueError(f"every prompt of train_dataset is longer than max_prompt_length={limit} tokens (the "
+                         f"shortest has {min(len(x) for x in ids)}); raise max_prompt_length")
+    dropped = len(ids) - len(keep)
+    if dropped:
+        logger.warning("train_dataset: dropped %d of %d prompts longer than max_prompt_length=%d",
+                       dropped, len(ids), limit)
+        dataset = dataset.select(keep)
+    return dataset, [ids[i] for i in keep], dropped
 
 
 def eos_token_ids(tokenizer, model=None) -> list[int]:

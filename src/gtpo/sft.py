@@ -26,10 +26,11 @@ import dataclasses
 import json
 import math
 import os
-import re
-import shutil
 import tempfile
 from typing import Any, Mapping
+
+from .checkpoint import save_model_atomically
+from .data import gsm8k_reasoning
 
 __all__ = [
     "GENERIC_REASONING",
@@ -47,21 +48,6 @@ METRICS_FILE = "sft_metrics.jsonl"
 
 #: The reasoning line of a target when the row has no worked solution to derive one from.
 GENERIC_REASONING = "I work out the answer step by step; the final answer is {answer}."
-
-_CALCULATOR_ANNOTATION = re.compile(r"<<[^>]*>>")
-
-
-def _clean_reasoning(reasoning: str) -> str:
-    """A worked rationale as target reasoning: GSM8K-style markup removed.
-
-    Removes GSM8K's calculator annotations ``<<48/2=24>>`` and everything from the last
-    ``"####"`` on (GSM8K and reasoning-gym ``gsm_symbolic`` rationales end with
-    ``"#### <answer>"``; the answer goes in the ``<answer>`` block instead).
-    """
-    if "####" in reasoning:
-        reasoning = reasoning.rsplit("####", 1)[0]
-    return _CALCULATOR_ANNOTATION.sub("", reasoning).strip()
-
 
 def format_target(answer: Any, reasoning: str | None = None) -> str:
     """The paper-format completion of one example, the SFT target.
@@ -95,7 +81,7 @@ def format_target(answer: Any, reasoning: str | None = None) -> str:
         raise ValueError(f"answer: expected a non-empty gold answer, got {answer!r}")
     if reasoning is not None and not isinstance(reasoning, str):
         raise ValueError(f"reasoning: expected a string or None, got {type(reasoning).__name__} {reasoning!r}")
-    text = _clean_reasoning(reasoning) if reasoning is not None else ""
+    text = gsm8k_reasoning(reasoning) if reasoning is not None else ""
     if not text:
         text = GENERIC_REASONING.format(answer=answer_text)
     return f"<reasoning>\n{text}\n</reasoning>\n<answer>\n{answer_text}\n</answer>"
@@ -266,24 +252,6 @@ def _atomic_write_text(path: str, text: str) -> None:
         raise
 
 
-def _save_final(model, tokenizer, output_dir: str) -> None:
-    """Save model and tokenizer into ``output_dir`` without leaving a half-written model.
-
-    Everything is written to a temporary directory inside ``output_dir`` first and then moved in
-    with ``os.replace``, ``config.json`` last: a crash while saving leaves at most stray
-    temporary files, never a ``config.json`` next to partial weights.
-    """
-    tmp = tempfile.mkdtemp(dir=output_dir, prefix=".tmp-final-")
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        names = sorted(os.listdir(tmp), key=lambda n: (n == "config.json", n))
-        for name in names:
-            os.replace(os.path.join(tmp, name), os.path.join(output_dir, name))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _sft_field(default: Any, help: str) -> Any:
     return dataclasses.field(default=default, metadata={"help": help})
 
@@ -443,7 +411,7 @@ def run_sft(model, tokenizer, train_dataset, args: SFTArgs | None = None, *, pef
     if hasattr(trained, "merge_and_unload"):  # a peft model: fold the adapter into the base weights
         trained = trained.merge_and_unload()
     output_dir = trainer.args.output_dir
-    _save_final(trained, trainer.processing_class, output_dir)
+    save_model_atomically(trained, trainer.processing_class, output_dir)
     lines = "".join(json.dumps(row, default=_json_value) + "\n" for row in _log_rows(trainer.state.log_history))
     _atomic_write_text(os.path.join(output_dir, METRICS_FILE), lines)
     return output_dir

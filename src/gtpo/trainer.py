@@ -45,19 +45,17 @@ from .advantages import entropy_control, group_advantages, sign_mask, varying_gr
 from .checkpoint import RESUME_HINT, RunDirectory
 from .config import GTPOConfig
 from .conflict import conflict_runs, conflict_weights
+from .data import as_dataset
+from .diagnostics import NoSignalCounter, policy_change_sums, probe_probabilities, signal_counts
 from .errors import TrainingStopped
 from .losses import POLICY_LOSSES
 from .ops import masked_mean
 from .policy import PolicyForward
-from .rollout import PromptSampler, Rollout, encode_prompts, eos_token_ids, generate
+from .rollout import PromptSampler, Rollout, encode_dataset_prompts, eos_token_ids, generate
 from .scoring import RewardScorer, ScoredBatch, overlong_penalty
 
 logger = logging.getLogger("gtpo")
 
-# why a step had no policy-gradient signal (every effective advantage zero, or the update skipped)
-NO_SIGNAL_REASONS = ("filtered", "zero_variance", "masked", "nonfinite")
-# the "entropy filter dropped everything" warning repeats at most once per this many steps
-FILTERED_WARNING_INTERVAL = 50
 # config fields that may change between a run and its resume without changing what is trained
 RESUMABLE_CHANGES = frozenset({
     "output_dir", "overwrite_output_dir", "max_steps", "save_steps", "save_total_limit", "logging_steps",
@@ -104,30 +102,6 @@ class UpdateResult:
     signal: torch.Tensor
     seq_entropy: torch.Tensor
     policy_change: dict[str, torch.Tensor]
-
-
-def _as_dataset(dataset, name: str = "train_dataset"):
-    """A ``datasets.Dataset`` from a Dataset or a list of dicts, with errors naming the row."""
-    from datasets import Dataset
-
-    if isinstance(dataset, Dataset):
-        return dataset
-    if isinstance(dataset, (list, tuple)):
-        if not dataset:
-            raise ValueError(f"{name} is empty: give at least one row with a 'prompt'")
-        bad = next((i for i, r in enumerate(dataset) if not isinstance(r, dict)), None)
-        if bad is not None:
-            raise ValueError(f"{name} as a list must hold dicts with a 'prompt' key; row {bad} is "
-                             f"{type(dataset[bad]).__name__}")
-        try:
-            return Dataset.from_list(list(dataset))
-        except Exception as err:  # pyarrow cannot build a table: e.g. a column mixing strings and lists
-            raise ValueError(
-                f"{name}: cannot build a dataset from these rows ({type(err).__name__}: {str(err).splitlines()[0]}); "
-                "every row must have the same columns with values of one type (e.g. 'prompt' always a string, "
-                "or always a list of messages)"
-            ) from err
-    raise ValueError(f"{name} must be a datasets.Dataset or a list of dicts, got {type(dataset).__name__}")
 
 
 class GTPOTrainer:
@@ -208,8 +182,9 @@ class GTPOTrainer:
         # rewards and data
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         self.scorer = RewardScorer([f if callable(f) else resolve_reward(f) for f in funcs], args.reward_weights)
-        self.train_dataset, self._prompt_ids, self.dropped_prompts = self._prepare_dataset(train_dataset)
-        self.eval_dataset = None if eval_dataset is None else _as_dataset(eval_dataset, "eval_dataset")
+        self.train_dataset, self._prompt_ids, self.dropped_prompts = encode_dataset_prompts(
+            as_dataset(train_dataset, "train_dataset"), self.tokenizer, args.max_prompt_length)
+        self.eval_dataset = None if eval_dataset is None else as_dataset(eval_dataset, "eval_dataset")
         self.eval_reward_func = eval_reward_func
         self.probe_texts = probe_texts or {}
         self.sampler = PromptSampler(len(self.train_dataset), args.seed)
@@ -245,9 +220,8 @@ class GTPOTrainer:
         self.skipped_updates = 0      # optimizer updates skipped (num_iterations per step at most)
         self.consecutive_skips = 0    # consecutive steps with a skipped update, up to this one
         self.initial_entropy: float | None = None
-        self.no_signal_steps = dict.fromkeys(NO_SIGNAL_REASONS, 0)  # steps without gradient signal, by reason
+        self.no_signal = NoSignalCounter()  # steps without gradient signal, by reason
         self.last_batch: ScoredBatch | None = None
-        self._last_filtered_warning: int | None = None
         self._stop_signal: int | None = None
         self.stopped_early: str | None = None  # the checkpoint written when a signal stopped train()
         self.stopped_by: str | None = None     # the signal's name
@@ -264,36 +238,6 @@ class GTPOTrainer:
             raise ValueError(f"model must be a hub id, a local path or a transformers PreTrainedModel, got "
                              f"{type(model).__name__}")
         return model
-
-    def _prepare_dataset(self, dataset):
-        """The dataset, its prompts' token ids, and how many prompts longer than max_prompt_length
-        were dropped; errors name the row."""
-        dataset = _as_dataset(dataset, "train_dataset")
-        if len(dataset) == 0:
-            raise ValueError("train_dataset is empty: give at least one row with a 'prompt'")
-        if "prompt" not in dataset.column_names:
-            hint = " (rename the question column to 'prompt')" if "question" in dataset.column_names else ""
-            raise ValueError(f"train_dataset has no 'prompt' column (columns: {dataset.column_names}){hint}")
-        ids = []
-        for i, prompt in enumerate(dataset["prompt"]):  # one by one, so that an error names its row
-            try:
-                ids.extend(encode_prompts(self.tokenizer, [prompt]))
-            except ValueError as err:
-                raise ValueError(f"train_dataset row {i}: {err}") from err
-            except Exception as err:  # e.g. a chat template that fails on malformed messages
-                raise ValueError(f"train_dataset row {i}: cannot encode the prompt {prompt!r:.200}: "
-                                 f"{type(err).__name__}: {err}") from err
-        limit = self.args.max_prompt_length
-        keep = [i for i, x in enumerate(ids) if len(x) <= limit]
-        if not keep:
-            raise ValueError(f"every prompt of train_dataset is longer than max_prompt_length={limit} tokens (the "
-                             f"shortest has {min(len(x) for x in ids)}); raise max_prompt_length")
-        dropped = len(ids) - len(keep)
-        if dropped:
-            logger.warning("train_dataset: dropped %d of %d prompts longer than max_prompt_length=%d",
-                           dropped, len(ids), limit)
-            dataset = dataset.select(keep)
-        return dataset, [ids[i] for i in keep], dropped
 
     # ================================================================== one step
     def step(self) -> dict[str, float]:
@@ -313,8 +257,9 @@ class GTPOTrainer:
         self.scheduler.step()  # the schedule follows the step count, skipped steps included
         self.global_step += 1
         self._count_skips(result.skipped_updates)
-        no_signal = self._no_signal_reason(acc.reduce(result.signal, "sum"), result.skipped_updates,
-                                           result.seq_entropy, inputs.mask)
+        no_signal = self.no_signal.record(
+            self.global_step, acc.reduce(result.signal, "sum"), skipped=result.skipped_updates > 0,
+            seq_entropy=result.seq_entropy, mask=inputs.mask, threshold=a.entropy_threshold, temperature=a.temperature)
         self.last_batch = batch
         return self._metrics(batch, all_rewards, inputs, result, stats, no_signal,
                              times=(time.perf_counter() - t0, t_gen, t_upd))
@@ -503,7 +448,7 @@ class GTPOTrainer:
                 loss_total = loss_total + out.loss.detach() * world
                 if it == 0:
                     entropy_sum = entropy_sum + (ent * m).sum()
-                    signal += self._signal_counts(eff, dropped, m)
+                    signal += signal_counts(eff, dropped, m)
                     for key, val in {**out.metrics, **adv_metrics}.items():
                         sums[key] = sums.get(key, torch.zeros((), device=dev)) + val.detach().float() * m.shape[0]
             max_norm = a.max_grad_norm if a.max_grad_norm > 0 else float("inf")
@@ -566,10 +511,7 @@ class GTPOTrainer:
         kl = torch.zeros(3, device=self.accelerator.device)
         for index in self._micro_batches(mask.shape[0]):
             new_logp, _ = self._forward(rollout, index, mask)
-            m = mask[index].to(new_logp.device).bool()
-            log_r = torch.where(m, new_logp - old_logp[index], torch.zeros_like(new_logp))
-            r = log_r.exp()
-            kl += torch.stack([(r * log_r - r + 1)[m].sum(), ((r - 1) - log_r)[m].sum(), m.sum().float()])
+            kl += policy_change_sums(new_logp, old_logp[index], mask[index].to(new_logp.device))
         kl = self.accelerator.reduce(kl, "sum")
         count = kl[2].clamp(min=1)
         return {"update_norm": norm, "kl/new_old": kl[0] / count, "kl/old_new": kl[1] / count}
@@ -582,53 +524,6 @@ class GTPOTrainer:
             self.consecutive_skips += 1
         else:
             self.consecutive_skips = 0
-
-    @staticmethod
-    def _signal_counts(effective: torch.Tensor, dropped: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``(3,)`` counts over a micro-batch: rows with tokens in ``mask (M, T)`` (the loss mask), those
-        with a non-zero ``effective (M,)`` advantage, those ``dropped (M,)`` by the entropy filter."""
-        has_tokens = mask.sum(dim=1) > 0
-        return torch.stack([has_tokens.sum(), (has_tokens & (effective != 0)).sum(),
-                            (has_tokens & dropped).sum()]).float()
-
-    def _no_signal_reason(self, counts: torch.Tensor, skipped_updates: int, seq_entropy: torch.Tensor,
-                          mask: torch.Tensor) -> str | None:
-        """Why this step had no gradient signal (None if it had), counted in ``no_signal_steps``; the
-        first step whose entropy filter dropped everything (and one per FILTERED_WARNING_INTERVAL steps
-        after it) logs a warning saying what to change."""
-        with_tokens, with_signal, dropped = (int(c) for c in counts.tolist())
-        if skipped_updates:
-            reason = "nonfinite"
-        elif with_signal > 0:
-            return None
-        elif with_tokens == 0:
-            reason = "masked"
-        elif dropped > 0:
-            reason = "filtered"
-        else:
-            reason = "zero_variance"
-        self.no_signal_steps[reason] += 1
-        last = self._last_filtered_warning
-        if reason == "filtered" and (last is None or self.global_step - last >= FILTERED_WARNING_INTERVAL):
-            self._last_filtered_warning = self.global_step
-            a = self.args
-            has_tokens = mask.sum(dim=1).to(seq_entropy.device) > 0
-            measured = float(seq_entropy[has_tokens].mean()) if bool(has_tokens.any()) else float("nan")
-            logger.warning(
-                "step %d: the entropy filter dropped every completion (mean token entropy %.3f nats > "
-                "entropy_threshold %.3f), so this step trained nothing (%d such step(s) so far). Use the paper's "
-                "rule (entropy_rule: initial), a higher entropy_threshold (e.g. %.2f), or a lower temperature "
-                "(now %g); entropy_filter: false switches the filter off.",
-                self.global_step, measured, a.entropy_threshold, self.no_signal_steps["filtered"],
-                math.ceil(measured * 10 + 1) / 10 if math.isfinite(measured) else 2.0, a.temperature,
-            )
-        return reason
-
-    def no_signal_summary(self) -> str:
-        """``'3 (filtered 2, nonfinite 1)'``: steps without gradient signal and why; ``'0'`` if none."""
-        total = sum(self.no_signal_steps.values())
-        parts = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in self.no_signal_steps.items() if v)
-        return f"{total} ({parts})" if total else "0"
 
     # ------------------------------------------------------------------ 6. metrics
     def _metrics(self, batch: ScoredBatch, all_rewards: torch.Tensor, inputs: UpdateInputs, result: UpdateResult,
@@ -667,8 +562,8 @@ class GTPOTrainer:
             "lr": float(self.scheduler.get_last_lr()[0]),
             "skipped_steps": float(self.skipped_steps),
             "skipped_updates": float(self.skipped_updates),
-            "no_signal_steps": float(sum(self.no_signal_steps.values())),
-            **{f"no_signal/{k}": float(v) for k, v in self.no_signal_steps.items()},
+            "no_signal_steps": float(self.no_signal.total),
+            **{f"no_signal/{k}": float(v) for k, v in self.no_signal.counts.items()},
             "no_signal": float(no_signal is not None),
             "step_time_s": step_time,
             "generation_time_s": t_gen,
@@ -735,8 +630,8 @@ class GTPOTrainer:
                 bar.update(1)
                 postfix = {"reward": f"{metrics['reward/mean']:.3f}", "entropy": f"{metrics['entropy/mean']:.3f}",
                            "step_s": f"{metrics['step_time_s']:.2f}"}
-                if any(self.no_signal_steps.values()):
-                    postfix["no_signal"] = self.no_signal_summary()
+                if self.no_signal.total:
+                    postfix["no_signal"] = self.no_signal.summary()
                 bar.set_postfix(postfix)
                 if a.save_steps and self.global_step % a.save_steps == 0:
                     self.save_checkpoint()
@@ -771,19 +666,9 @@ class GTPOTrainer:
             batch_size=a.generation_batch_size or 64, reward_fn=self.eval_reward_func,
         )
 
-    @torch.no_grad()
     def _probe(self) -> dict[str, float]:
-        """Mean probability of each probe text's tokens given its prefix (tracks shared/format tokens)."""
-        out = {}
-        model, dev = self.unwrapped_model, self.accelerator.device
-        for name, (prefix, target) in self.probe_texts.items():
-            p_ids = self.tokenizer(prefix, add_special_tokens=False)["input_ids"]
-            t_ids = self.tokenizer(target, add_special_tokens=False)["input_ids"]
-            ids = torch.tensor([p_ids + t_ids], device=dev)
-            logits = model(input_ids=ids).logits[0, len(p_ids) - 1:-1].float() / self.args.resolved_logprob_temperature
-            probs = torch.softmax(logits, -1).gather(-1, torch.tensor(t_ids, device=dev).unsqueeze(-1))
-            out[f"probe/{name}"] = float(probs.mean())
-        return out
+        return probe_probabilities(self.unwrapped_model, self.tokenizer, self.probe_texts,
+                                   temperature=self.args.resolved_logprob_temperature)
 
     def _log_completions(self) -> None:
         batch, g = self.last_batch, self.args.group_size
@@ -814,7 +699,7 @@ class GTPOTrainer:
             "skipped_updates": self.skipped_updates,
             "consecutive_skips": self.consecutive_skips,
             "initial_entropy": self.initial_entropy,
-            "no_signal_steps": dict(self.no_signal_steps),
+            "no_signal_steps": self.no_signal.state_dict(),
             "sampler": self.sampler.state_dict(),
             "num_processes": self.accelerator.num_processes,
             "config": self.args.to_dict(),
@@ -843,7 +728,7 @@ class GTPOTrainer:
         self.skipped_updates = int(state.get("skipped_updates", self.skipped_steps))
         self.consecutive_skips = int(state.get("consecutive_skips", 0))
         self.initial_entropy = state.get("initial_entropy")
-        self.no_signal_steps = {**dict.fromkeys(NO_SIGNAL_REASONS, 0), **state.get("no_signal_steps", {})}
+        self.no_signal.load_state_dict(state.get("no_signal_steps", {}))
         saved, current = state.get("config") or {}, self.args.to_dict()
         changed = [k for k in current if k in saved and k not in RESUMABLE_CHANGES and saved[k] != current[k]]
         if changed:
