@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from gtpo import report
+from gtpo.checkpoint import atomic_write
 from gtpo.report import (
-    _atomic_write,
     _load_runs,
     _moving_average,
     _plot_entropy,
@@ -405,7 +405,7 @@ def test_atomic_write_keeps_old_file_when_writing_fails(tmp_path):
     path = tmp_path / "report.md"
     path.write_text("old")
     with pytest.raises(UnicodeEncodeError):
-        _atomic_write(str(path), "new \ud800")  # a lone surrogate cannot be encoded
+        atomic_write(str(path), "new \ud800")  # a lone surrogate cannot be encoded
     assert path.read_text() == "old"
     assert os.listdir(tmp_path) == ["report.md"]
 

@@ -808,19 +808,12 @@ def _problem_record(index: int, row: dict, samples: list[dict]) -> dict:
 
 
 def _write_json(path: str | os.PathLike, data: dict) -> None:
-    """Write ``data`` as JSON atomically (temporary file + ``os.replace``)."""
+    """Write ``data`` as JSON (``gtpo.checkpoint.atomic_write``), creating its directory."""
+    from gtpo.checkpoint import atomic_write
+
     path = os.fspath(path)
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, ensure_ascii=False, allow_nan=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write(path, json.dumps(data, indent=1, ensure_ascii=False, allow_nan=True) + "\n")
 
 
 def _versions() -> dict:

@@ -19,8 +19,9 @@ stays as it was), figures are freed as soon as they are saved, and matplotlib is
 when a plot is drawn, so ``import gtpo`` stays cheap. This is the pattern matplotlib documents
 for rendering in servers ("Embedding in a web application server").
 
-Every file is written atomically (temporary file in the same directory + ``os.replace``), so a
-report killed half-way never leaves a truncated PNG or ``report.md``.
+Every file is written atomically (``gtpo.checkpoint.atomic_write``: temporary file in the same
+directory, fsync, ``os.replace``), so a report killed half-way never leaves a truncated PNG or
+``report.md``.
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ import io
 import json
 import math
 import os
-import secrets
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+
+from .checkpoint import atomic_write
 
 __all__ = [
     "load_metrics",
@@ -383,28 +385,8 @@ def _render_figure(runs: Sequence[_Run], panels: Sequence[dict], title: str, pat
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=_DPI)
-    _atomic_write(path, buf.getvalue())
+    atomic_write(path, buf.getvalue())
     return True
-
-
-def _atomic_write(path: str, data: bytes | str) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same directory + ``os.replace``.
-
-    The temporary file is created with ``os.open(..., 0o666)`` so the final file gets the
-    usual umask-derived permissions (``tempfile.mkstemp`` would leave it 0600).
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _prefixed_keys(runs: Iterable[_Run], prefix: str) -> list[str]:
@@ -656,7 +638,7 @@ def _write_report(run_dirs, out_dir, *, labels, smooth) -> tuple[str, str]:
         name = os.path.basename(png)
         parts += [f"![{name[:-len('.png')]}]({name})", ""]
     path = os.path.join(out_dir, REPORT_FILE)
-    _atomic_write(path, "\n".join(parts).rstrip("\n") + "\n")
+    atomic_write(path, "\n".join(parts).rstrip("\n") + "\n")
     return path, summary
 
 
