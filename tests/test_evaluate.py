@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from gtpo.cli import add_eval_arguments, eval_main
 from gtpo.evaluate import (
-    add_eval_arguments,
     continuation_logprobs,
     default_k_list,
-    eval_main,
     evaluate,
     evaluate_during_training,
     evaluate_mmlu,

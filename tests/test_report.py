@@ -18,16 +18,15 @@ import pytest
 
 from gtpo import report
 from gtpo.checkpoint import atomic_write
+from gtpo.cli import add_report_arguments, report_main
 from gtpo.report import (
     _load_runs,
     _moving_average,
     _plot_entropy,
     _plot_reward_band,
     _run_stats,
-    add_report_arguments,
     load_metrics,
     plot_run,
-    report_main,
     summarize,
     write_report,
 )
@@ -435,4 +434,4 @@ def test_cli_missing_run_dir_raises_value_error(tmp_path):
 
 def test_module_exports():
     assert set(report.__all__) == {"load_metrics", "plot_run", "summarize", "write_report",
-                                   "add_report_arguments", "report_main"}
+                                   "write_report_and_summary"}

@@ -26,7 +26,6 @@ directory, fsync, ``os.replace``), so a report killed half-way never leaves a tr
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import math
@@ -43,8 +42,7 @@ __all__ = [
     "plot_run",
     "summarize",
     "write_report",
-    "add_report_arguments",
-    "report_main",
+    "write_report_and_summary",
 ]
 
 METRICS_FILE = "metrics.jsonl"
@@ -619,11 +617,14 @@ def summarize(run_dirs: Sequence[str], *, labels: Sequence[str] | None = None) -
 
 
 # --------------------------------------------------------------------------------------------
-# Report + CLI hooks
+# Report
 # --------------------------------------------------------------------------------------------
 
 
-def _write_report(run_dirs, out_dir, *, labels, smooth) -> tuple[str, str]:
+def write_report_and_summary(run_dirs: Sequence[str], out_dir: str | None = None, *,
+                             labels: Sequence[str] | None = None,
+                             smooth: int | None = None) -> tuple[str, str]:
+    """:func:`write_report` that also returns the markdown summary: ``(report.md path, summary)``."""
     smooth = _check_smooth(smooth)
     runs = _load_runs(run_dirs, labels)
     if out_dir is None:
@@ -655,36 +656,4 @@ def write_report(run_dirs: Sequence[str], out_dir: str | None = None, *,
     Returns:
         The path of report.md. Every file is written atomically.
     """
-    return _write_report(run_dirs, out_dir, labels=labels, smooth=smooth)[0]
-
-
-def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``gtpo report`` arguments to ``parser`` (a subcommand parser) and return it."""
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
-                        help="training output directories (each with metrics.jsonl); several "
-                             "are overlaid in each figure")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="output directory (default: <first RUN_DIR>/report)")
-    parser.add_argument("--labels", default=None,
-                        help="comma-separated legend labels, one per RUN_DIR "
-                             "(default: '<loss_type> <dir name>')")
-    parser.add_argument("--smooth", type=int, default=None, metavar="N",
-                        help="moving-average window in steps (raw values drawn faint behind)")
-    return parser
-
-
-def report_main(args: argparse.Namespace) -> int:
-    """Run ``gtpo report``: write the report, print its path and the summary, return 0.
-
-    Raises:
-        ValueError: a run directory or its metrics.jsonl is missing, a line is corrupt, or the
-            labels do not match the run directories (the CLI prints it and exits with 2).
-    """
-    labels = None
-    if args.labels is not None:
-        labels = [s.strip() for s in args.labels.split(",")]
-    path, summary = _write_report(args.run_dirs, args.out, labels=labels, smooth=args.smooth)
-    print(path)
-    print()
-    print(summary, end="")
-    return 0
+    return write_report_and_summary(run_dirs, out_dir, labels=labels, smooth=smooth)[0]
