@@ -306,7 +306,7 @@ def build_peft_config(value: Any):
 
 
 def _greedy_accuracy(model, tokenizer, dataset, reward, config: GTPOConfig) -> float:
-    from .evaluate import evaluate_during_training
+    from .evaluation.api import evaluate_during_training
 
     out = evaluate_during_training(
         model, tokenizer, dataset, n=1, k_list=[1], max_new_tokens=config.eval_max_new_tokens or config.max_completion_length,
@@ -618,7 +618,7 @@ def _parse_columns(value: str | None) -> dict | None:
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``gtpo eval`` options to ``parser``; each ``--a-b`` option is also accepted as ``--a_b``."""
-    from .evaluate import MAJ_ESTIMATORS, UNPARSABLE_MODES
+    from .evaluation.estimators import MAJ_ESTIMATORS, UNPARSABLE_MODES
 
     def add(name: str, *args, **kw) -> None:
         names = [name] + (["--" + name[2:].replace("-", "_")] if "-" in name[2:] else [])
@@ -671,7 +671,7 @@ def eval_main(args: argparse.Namespace) -> int:
     A bad argument or input (unknown dataset, ``k > n``, missing file, ...) prints
     ``gtpo eval: error: ...`` on stderr and returns 2.
     """
-    from .evaluate import evaluate, format_table, rescore
+    from .evaluation.api import evaluate, format_table, rescore
 
     try:
         if args.rescore:
