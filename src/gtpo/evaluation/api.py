@@ -52,14 +52,7 @@ from .estimators import (
     parse_k_list,
 )
 from .mmlu import evaluate_mmlu, mmlu_metrics
-from .scoring import (
-    CORRECT_SCORE,
-    aggregate_metrics,
-    problem_record,
-    problem_scores,
-    score_problems,
-    score_samples,
-)
+from .scoring import CORRECT_SCORE, problem_record, score_problems
 
 __all__ = [
     "evaluate",
@@ -306,10 +299,11 @@ def evaluate(
     """Evaluate a model on a dataset: pass@k, maj@k, format rate, lengths (MMLU: accuracy).
 
     Generates ``n`` completions per problem (``gtpo.rollout.generate``), extracts and judges
-    each answer (:func:`score_samples`: math-verify against the gold answer, or the
-    reasoning-gym task's scorer), and computes per-problem pass@k (:func:`pass_at_k`) and maj@k
-    (:func:`majority_vote_score`) and their means over problems. For ``"mmlu"`` (or rows with
-    ``choices`` and ``subject``) it dispatches to :func:`evaluate_mmlu`.
+    each answer (``scoring.score_samples``: math-verify against the gold answer, or the
+    reasoning-gym task's scorer), and computes per-problem pass@k (``estimators.pass_at_k``)
+    and maj@k (``estimators.majority_vote_score``) and their means over problems. For
+    ``"mmlu"`` (or rows with ``choices`` and ``subject``) it dispatches to
+    :func:`evaluate_mmlu`.
 
     Args:
         model: a path, hub id, ``.gguf`` file or ``"smollm2-135m-instruct"`` (loaded with
@@ -348,7 +342,7 @@ def evaluate(
 
     Returns:
         ``{"dataset", "model", "adapter", "settings", "metrics", "problems"}``: ``metrics`` as
-        :func:`aggregate_metrics` (``pass@<k>``, ``maj@<k>``, ``format_rate``, ``mean_length``,
+        ``scoring.aggregate_metrics`` (``pass@<k>``, ``maj@<k>``, ``format_rate``, ``mean_length``,
         ``truncated_frac``, ``unparsable_frac``, ...), ``problems`` one record per problem
         (``question``, ``gold``, ``n_correct``, ``pass@k``, ``maj@k``, and ``samples``: ``text``,
         ``answer``, ``correct``, ``score``, ``format``, ``length``, ``truncated``), enough for
@@ -402,9 +396,8 @@ def evaluate(
         )
     problems = [problem_record(i, row, samples)
                 for i, (row, samples) in enumerate(zip(rows, generated))]
-    metrics = score_problems(problems, n=n, ks=ks, maj_ks=maj_ks,
-                                   maj_estimator=maj_estimator, unparsable=unparsable,
-                                   answer_from=answer_from)
+    metrics = score_problems(problems, n=n, ks=ks, maj_ks=maj_ks, maj_estimator=maj_estimator,
+                             unparsable=unparsable, answer_from=answer_from)
     settings = {
         "n": n, "k": ks, "maj_k": maj_ks, "temperature": temperature, "top_p": top_p,
         "top_k": top_k, "max_new_tokens": max_new_tokens, "max_prompt_length": max_prompt_length,
@@ -475,8 +468,8 @@ def rescore(
         _check_choice(maj_estimator, MAJ_ESTIMATORS, "maj_estimator")
         _check_choice(unparsable, UNPARSABLE_MODES, "unparsable")
         data["metrics"] = score_problems(problems, n=n, ks=ks, maj_ks=maj_ks,
-                                               maj_estimator=maj_estimator,
-                                               unparsable=unparsable, answer_from=answer_from)
+                                         maj_estimator=maj_estimator, unparsable=unparsable,
+                                         answer_from=answer_from)
         settings.update({"k": ks, "maj_k": maj_ks, "answer_from": answer_from,
                          **_estimator_settings(maj_estimator, unparsable)})
     if out is not None:
@@ -545,23 +538,12 @@ def evaluate_during_training(
             max_new_tokens=max_new_tokens, batch_size=batch_size,
             max_prompt_length=max_prompt_length, progress=False, keep_ids=reward_fn is not None,
         )
-    if isinstance(reward_fn, str):
-        from gtpo.rewards import resolve_reward
-
-        reward_fn = resolve_reward(reward_fn)
-    problems = []
-    for i, (row, samples) in enumerate(zip(rows, generated)):
-        texts = [s["text"] for s in samples]
-        ids = [s.pop("ids") for s in samples] if reward_fn is not None else None
-        verdicts = score_samples(texts, row, answer_from=answer_from, reward_fn=reward_fn,
-                                 completion_ids=ids, correct_threshold=correct_threshold)
-        for sample, verdict in zip(samples, verdicts):
-            sample.update(verdict)
-        problem = problem_record(i, row, samples)
-        problem.update(problem_scores(problem, ks, maj_ks, maj_estimator=maj_estimator,
-                                       unparsable=unparsable))
-        problems.append(problem)
-    metrics = aggregate_metrics(problems, ks, maj_ks)
+    problems = [problem_record(i, row, samples)
+                for i, (row, samples) in enumerate(zip(rows, generated))]
+    metrics = score_problems(problems, rows=rows, n=n, ks=ks, maj_ks=maj_ks,
+                             maj_estimator=maj_estimator, unparsable=unparsable,
+                             answer_from=answer_from, reward_fn=reward_fn,
+                             correct_threshold=correct_threshold)
     out = {}
     if greedy:
         out["eval/accuracy_greedy"] = metrics["pass@1"]

@@ -44,12 +44,17 @@ __all__ = [
 #: (some give partial credit below it) and correctness rewards give 1.0 / 0.0.
 CORRECT_SCORE = 1.0
 
+#: The reasoning-gym columns of a dataset row that a problem record keeps (for the task's scorer).
+_RG_COLUMNS = ("task", "rg_entry", "rg_config")
+
 
 def _is_rg(problem: dict) -> bool:
+    """Whether a row or record is a reasoning-gym problem (scored by the task's own scorer)."""
     return bool(problem.get("rg_entry"))
 
 
 def _string_equal(a: str, b: str) -> bool:
+    """Equality up to whitespace: the answer equivalence of reasoning-gym answers."""
     return " ".join(a.split()) == " ".join(b.split())
 
 
@@ -211,26 +216,61 @@ def aggregate_metrics(problems: Sequence[dict], ks: Sequence[int], maj_ks: Seque
 
 
 def score_problems(
-    problems: list[dict],
+    problems: Sequence[dict],
     *,
-    n: int,
-    ks: list[int],
-    maj_ks: list[int],
-    maj_estimator: str,
-    unparsable: str,
-    answer_from: str,
+    ks: Sequence[int],
+    maj_ks: Sequence[int],
+    maj_estimator: str = "expected",
+    unparsable: str = "abstain",
+    answer_from: str = "auto",
+    rows: Sequence[dict] | None = None,
+    reward_fn: Callable[..., list] | str | None = None,
+    correct_threshold: float = CORRECT_SCORE,
+    n: int | None = None,
 ) -> dict:
-    """Judge every stored sample of ``problems`` in place and return the dataset metrics."""
-    for problem in problems:
-        texts = [s["text"] for s in problem["samples"]]
-        if len(texts) != n:
-            raise ValueError(f"problem {problem.get('index')} has {len(texts)} samples, "
+    """Judge every sample of every problem in place, score each problem, aggregate.
+
+    The one scoring loop of :func:`gtpo.evaluation.evaluate`, :func:`gtpo.evaluation.rescore`
+    and :func:`gtpo.evaluation.evaluate_during_training`: each problem's samples go through
+    :func:`score_samples` (each sample dict gets ``answer``, ``correct``, ``score``,
+    ``format``), the problem gets :func:`problem_scores` (``n_correct``, ``pass@k``, ``maj@k``).
+
+    Args:
+        problems: ``P`` problem records (:func:`problem_record`); ``samples`` holds dicts with
+            ``text`` and, when ``reward_fn`` is to get them, ``ids`` (the completion's token ids,
+            removed from the sample here).
+        ks, maj_ks: the k values of pass@k and maj@k.
+        maj_estimator, unparsable: see ``gtpo.evaluation.estimators``.
+        answer_from: where answers are read (``gtpo.rewards.extract_final_answer``).
+        rows: ``P`` dataset rows handed to the scorer, every column reaching ``reward_fn``;
+            default: :func:`scoring_row` of each record (what a results file keeps).
+        reward_fn, correct_threshold: see :func:`score_samples` (a spec string is resolved
+            once).
+        n: when given, every problem must have ``n`` samples (ValueError otherwise).
+
+    Returns:
+        :func:`aggregate_metrics` of the judged problems.
+    """
+    if rows is not None and len(rows) != len(problems):
+        raise ValueError(f"rows has {len(rows)} entries but problems has {len(problems)}")
+    if isinstance(reward_fn, str):
+        from gtpo.rewards import resolve_reward
+
+        reward_fn = resolve_reward(reward_fn)
+    for i, problem in enumerate(problems):
+        samples = problem["samples"]
+        if n is not None and len(samples) != n:
+            raise ValueError(f"problem {problem.get('index')} has {len(samples)} samples, "
                              f"expected n={n}")
-        judged = score_samples(texts, scoring_row(problem), answer_from=answer_from)
-        for sample, verdict in zip(problem["samples"], judged):
+        ids = [s.pop("ids") for s in samples] if samples and "ids" in samples[0] else None
+        row = scoring_row(problem) if rows is None else rows[i]
+        judged = score_samples([s["text"] for s in samples], row, answer_from=answer_from,
+                               reward_fn=reward_fn, completion_ids=ids,
+                               correct_threshold=correct_threshold)
+        for sample, verdict in zip(samples, judged):
             sample.update(verdict)
         problem.update(problem_scores(problem, ks, maj_ks, maj_estimator=maj_estimator,
-                                       unparsable=unparsable))
+                                      unparsable=unparsable))
     return aggregate_metrics(problems, ks, maj_ks)
 
 
@@ -239,7 +279,7 @@ def problem_record(index: int, row: dict, samples: list[dict]) -> dict:
     ``answer``), the row's reasoning-gym columns (``task``, ``rg_entry``, ``rg_config``) when
     set, and ``samples`` (the list itself, not a copy)."""
     record = {"index": index, "question": row.get("question"), "gold": row.get("answer")}
-    for key in ("task", "rg_entry", "rg_config"):
+    for key in _RG_COLUMNS:
         if row.get(key) is not None:
             record[key] = row[key]
     record["samples"] = samples
@@ -249,7 +289,7 @@ def problem_record(index: int, row: dict, samples: list[dict]) -> dict:
 def scoring_row(problem: dict) -> dict:
     """The dataset-row view of a stored problem (what :func:`score_samples` reads)."""
     row = {"answer": problem.get("gold"), "question": problem.get("question")}
-    for key in ("rg_entry", "task", "rg_config"):
+    for key in _RG_COLUMNS:
         if problem.get(key) is not None:
             row[key] = problem[key]
     return row
