@@ -20,6 +20,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from gtpo.data import MMLU_LETTERS, mmlu_choice_lines
+
 from .scoring import mean_or_nan
 
 __all__ = [
@@ -30,19 +32,24 @@ __all__ = [
     "evaluate_mmlu",
 ]
 
-_LETTERS = "ABCDEFGHIJ"
-
-
 def mmlu_stem(question: str, choices: Sequence[str]) -> str:
-    """The bare question of an MMLU row.
+    """The bare question in the ``question`` text of an MMLU row that has no ``stem`` column.
 
-    ``gtpo.data.load_task("mmlu")`` writes ``question`` as the stem, a blank line, the
-    ``A. ...`` choice lines and an instruction (for generation-based use); the stem is the text
-    before the ``"\\n\\nA. <first choice>"`` block. A question without that block is returned
-    as it is (rows built by hand).
+    ``gtpo.data.load_task("mmlu")`` keeps the stem as data (``stem``) and writes ``question`` as
+    the stem, a blank line, the ``A. ...`` choice lines (``gtpo.data.mmlu_choice_lines``) and an
+    instruction (for generation-based use). For rows without ``stem`` (built by hand, or saved
+    before that column existed) the stem is the text before the ``"\\n\\nA. <first choice>"``
+    block; a question without that block is returned as it is.
+
+    Args:
+        question: the row's question text.
+        choices: its choices (``(C,)`` strings).
+
+    Returns:
+        The stem, stripped.
     """
     if choices:
-        marker = f"\n\nA. {choices[0]}"
+        marker = "\n\n" + mmlu_choice_lines(choices[:1])[0]
         index = question.rfind(marker)
         if index >= 0:
             return question[:index].strip()
@@ -54,16 +61,15 @@ def mmlu_prompt(question: str, choices: Sequence[str], subject: str | None = Non
 
     ``"The following are multiple choice questions (with answers) about <subject>.\\n\\n"``
     (when the subject is known; underscores become spaces), then the question, one
-    ``"A. <choice>"`` line per choice, and ``"Answer:"``. The answer is scored as the
-    continuation ``" A"``, ``" B"``, ... (lm-evaluation-harness uses the same format).
+    ``"A. <choice>"`` line per choice (``gtpo.data.mmlu_choice_lines``), and ``"Answer:"``.
+    The answer is scored as the continuation ``" A"``, ``" B"``, ... (lm-evaluation-harness
+    uses the same format).
     """
     header = ""
     if subject:
         header = ("The following are multiple choice questions (with answers) about "
                   f"{subject.replace('_', ' ')}.\n\n")
-    lines = [question.strip()]
-    lines += [f"{_LETTERS[i]}. {choice}" for i, choice in enumerate(choices)]
-    lines.append("Answer:")
+    lines = [question.strip(), *mmlu_choice_lines(choices), "Answer:"]
     return header + "\n".join(lines)
 
 
@@ -122,10 +128,12 @@ def continuation_logprobs(
     When every continuation of a context is a single token (the usual case for answer
     letters), one forward pass over the context scores all of them; otherwise each
     ``context + continuation`` is a sequence of its own. Sequences are left-padded with
-    explicit position ids, and only the last positions' logits are computed when the model
-    supports ``logits_to_keep``.
+    explicit position ids (``gtpo.rollout.left_pad``, ``gtpo.rollout.position_ids``), and only
+    the last positions' logits are computed when the model supports ``logits_to_keep``.
     """
     import torch
+
+    from gtpo.rollout import left_pad, position_ids
 
     if len(contexts) != len(continuations):
         raise ValueError(f"contexts ({len(contexts)}) and continuations ({len(continuations)}) "
@@ -158,13 +166,8 @@ def continuation_logprobs(
         with torch.no_grad():
             for start in starts:
                 batch = [sequences[i] for i in order[start:start + max(1, batch_size)]]
-                width = max(len(ids) for ids, _ in batch)
-                ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-                mask = torch.zeros((len(batch), width), dtype=torch.long)
-                for b, (seq, _) in enumerate(batch):
-                    ids[b, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
-                    mask[b, width - len(seq):] = 1
-                positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+                ids, mask = left_pad([seq for seq, _ in batch], pad_id)  # (B, S) each
+                positions = position_ids(mask)  # (B, S)
                 keep = max(max(qn for _, _, qn, _ in queries) for _, queries in batch) + 1
                 kwargs = {"logits_to_keep": keep} if keep_supported else {}
                 logits = model(input_ids=ids.to(device), attention_mask=mask.to(device),
@@ -199,7 +202,7 @@ def mmlu_metrics(problems: Sequence[dict]) -> dict:
         pred = None
         if finite:
             best = max(finite)
-            pred = _LETTERS[p["logprobs"].index(best)]
+            pred = MMLU_LETTERS[p["logprobs"].index(best)]
         p["pred"] = pred
         p["correct"] = pred is not None and pred == p["gold"]
         by_subject.setdefault(p.get("subject") or "unknown", []).append(float(p["correct"]))
@@ -237,8 +240,10 @@ def evaluate_mmlu(
 
     Args:
         model, tokenizer: a loaded causal LM and its tokenizer.
-        dataset: MMLU rows (``gtpo.data.load_task("mmlu")``: ``question``, ``choices``,
-            ``subject``, ``answer`` the gold letter), a ``datasets.Dataset`` or a list of dicts.
+        dataset: MMLU rows (``gtpo.data.load_task("mmlu")``: ``stem``, ``choices``,
+            ``subject``, ``answer`` the gold letter or a choice index, and ``question``, whose
+            stem :func:`mmlu_stem` reads when a row has no ``stem``), a ``datasets.Dataset``
+            or a list of dicts.
         batch_size: sequences per forward pass.
 
     Returns:
@@ -257,18 +262,20 @@ def evaluate_mmlu(
         if missing:
             raise ValueError(f"MMLU row {i}: missing column(s) {missing}; columns: {sorted(row)}")
         choices = list(row["choices"])
-        if not 2 <= len(choices) <= len(_LETTERS):
-            raise ValueError(f"MMLU row {i}: expected 2-{len(_LETTERS)} choices, got {choices!r}")
+        if not 2 <= len(choices) <= len(MMLU_LETTERS):
+            raise ValueError(f"MMLU row {i}: expected 2-{len(MMLU_LETTERS)} choices, "
+                             f"got {choices!r}")
         gold = row["answer"]
         if isinstance(gold, int) and not isinstance(gold, bool):
-            gold = _LETTERS[gold]
+            gold = MMLU_LETTERS[gold]
         gold = str(gold).strip().upper()
-        if gold not in _LETTERS[:len(choices)]:
-            raise ValueError(f"MMLU row {i}: answer must be a letter A-{_LETTERS[len(choices) - 1]}"
-                             f" or a choice index, got {row['answer']!r}")
-        stem = mmlu_stem(str(row["question"]), choices)
+        if gold not in MMLU_LETTERS[:len(choices)]:
+            raise ValueError(f"MMLU row {i}: answer must be a letter "
+                             f"A-{MMLU_LETTERS[len(choices) - 1]} or a choice index, "
+                             f"got {row['answer']!r}")
+        stem = row.get("stem") or mmlu_stem(str(row["question"]), choices)
         text = mmlu_prompt(stem, choices, row.get("subject"))
-        letters = list(_LETTERS[:len(choices)])
+        letters = list(MMLU_LETTERS[:len(choices)])
         if chat_template:
             contexts.append(prompt_text(tokenizer, [{"role": "user", "content": text}]))
             conts.append(letters)
