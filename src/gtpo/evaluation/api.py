@@ -62,6 +62,7 @@ __all__ = [
     "write_results",
 ]
 
+
 def _load_model(model: Any, tokenizer: Any, adapter: str | None, *, dtype: Any, device: Any):
     """``(model, tokenizer, model_name)`` from a spec string or a loaded model (+ peft adapter)."""
     import torch
