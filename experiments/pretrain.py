@@ -194,7 +194,7 @@ def measure_start(model_dir: str, train_path: str, test_path: str, *, seed: int,
     import torch
 
     from gtpo.data import load_task
-    from gtpo.evaluate import evaluate_during_training
+    from gtpo.evaluation import evaluate_during_training
     from gtpo.models import load_model_and_tokenizer
     from gtpo.ops import masked_mean
     from gtpo.rewards import format_reward, paper_reward

@@ -11,7 +11,7 @@ accuracy``); none means all. For the chosen claims it
    --seed S --max_steps N --output_dir experiments/runs/...`` executed in this process through
    ``gtpo.cli.train_main`` (the ``gtpo train`` command itself), runs shared by several claims once;
    the SFT baseline through ``gtpo sft`` (``gtpo.cli.sft_main``);
-3. evaluates claim 7's final models on the held-out split (``gtpo.evaluate.evaluate``: pass@k,
+3. evaluates claim 7's final models on the held-out split (``gtpo.evaluation.evaluate``: pass@k,
    maj@k, format rate);
 4. averages every run's metrics over the seeds (mean ± std), plots the seed-mean curves of each
    claim with ``gtpo.report.write_report`` and writes ``docs/results.md`` (PNGs under
@@ -172,7 +172,7 @@ CLAIMS: tuple[Claim, ...] = (
           "baseline trains on the gold completions of the same training prompts for the same number of "
           "steps with the same batch size (16 sequences) and learning rate. Held-out: the 200-problem test "
           "split, 8 samples per problem at temperature 1 (pass@1, pass@8, maj@8, format rate; answers read "
-          "from the `<answer>` tag) with `gtpo.evaluate.evaluate`, plus the greedy accuracy curve during "
+          "from the `<answer>` tag) with `gtpo.evaluation.evaluate`, plus the greedy accuracy curve during "
           "training (100 problems; paper reward 20 = correct and formatted). SmolLM2-135M-Instruct + LoRA: "
           "what each entropy rule does when the policy starts far above ln 2.",
           (Group("tiny", "Tiny model: GTPO, GRPO, Dr.GRPO, DAPO, SFT", "tiny",
@@ -431,7 +431,7 @@ def evaluate_run(run: Run, tiny_dir: str, size: int | None = None) -> dict:
     if (cached and "metrics" in cached and cached.get("settings", {}).get("size") == kwargs["size"]
             and ("greedy" in cached or not (run.model == "tiny" and run.kind == "start"))):
         return cached["metrics"]
-    from gtpo.evaluate import evaluate
+    from gtpo.evaluation import evaluate
 
     os.makedirs(run.dir, exist_ok=True)
     print(f"[suite] evaluating {run.rel_dir} (n={kwargs['n']}, T={kwargs['temperature']})", flush=True)
@@ -446,9 +446,9 @@ def evaluate_run(run: Run, tiny_dir: str, size: int | None = None) -> dict:
 
 def _greedy_tiny(model_dir: str) -> dict:
     """``eval/*`` greedy metrics of a tiny model exactly as the RL runs log them (tiny.yaml's
-    ``eval_dataset`` and ``eval_reward``, ``gtpo.evaluate.evaluate_during_training``)."""
+    ``eval_dataset`` and ``eval_reward``, ``gtpo.evaluation.evaluate_during_training``)."""
     from gtpo.cli import load_dataset_spec
-    from gtpo.evaluate import evaluate_during_training
+    from gtpo.evaluation import evaluate_during_training
     from gtpo.models import load_model_and_tokenizer
     from gtpo.rewards import resolve_reward
 

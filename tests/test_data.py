@@ -197,6 +197,8 @@ def test_mmlu_fixture():
     assert ds[0]["question"] == (
         "Find the degree for the given field extension Q(sqrt(2), sqrt(3), sqrt(18)) over Q.\n\n"
         "A. 0\nB. 4\nC. 2\nD. 6\n\nAnswer with the letter (A, B, C or D) of the correct choice.")
+    # the question's parts are kept as data: the bare stem (the choices and subject above)
+    assert ds[0]["stem"] == "Find the degree for the given field extension Q(sqrt(2), sqrt(3), sqrt(18)) over Q."
     # "dev" and "validation" are distinct splits (datasets' own inference would merge them)
     assert len(load_task("mmlu", split="validation", path=FIXTURES / "mmlu")) == 1
     assert load_task("mmlu", split="dev", path=FIXTURES / "mmlu")["subject"][:] == ["abstract_algebra"]

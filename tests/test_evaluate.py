@@ -1,4 +1,4 @@
-"""Tests of gtpo.evaluate: pass@k, maj@k, scoring, rescoring, MMLU, in-training eval, `gtpo eval`.
+"""Tests of gtpo.evaluation: pass@k, maj@k, scoring, rescoring, MMLU, in-training eval, `gtpo eval`.
 
 Estimator values are worked out by hand in the comments; the combinatorial maj@k is checked
 against brute-force enumeration of all subsets; the batched MMLU log-likelihoods against one
@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from gtpo.evaluate import (
-    add_eval_arguments,
+from gtpo.cli import add_eval_arguments, eval_main
+from gtpo.evaluation import (
     continuation_logprobs,
     default_k_list,
-    eval_main,
     evaluate,
     evaluate_during_training,
     evaluate_mmlu,
@@ -582,7 +581,7 @@ class _FullLogitsLM:
 def test_continuation_logprobs_without_logits_to_keep(tiny):
     model, tok = tiny
     contexts, conts = ["What is 2 + 2? Answer:", "apples"], [[" the", " A"], [" what", " sum"]]
-    from gtpo.evaluate import _accepts_logits_to_keep
+    from gtpo.evaluation.mmlu import _accepts_logits_to_keep
 
     assert _accepts_logits_to_keep(model) and not _accepts_logits_to_keep(_FullLogitsLM(model))
     want = continuation_logprobs(model, tok, contexts, conts)
@@ -682,16 +681,14 @@ def test_evaluate_during_training_keys_and_side_effects(tiny):
 
 
 def test_top_level_exports(tiny):
-    import sys
-
     import gtpo
-    import gtpo.evaluate  # noqa: F401  (binds the submodule on the package)
+    import gtpo.evaluation  # noqa: F401  (binds the package, which leaves gtpo.evaluate alone)
 
     assert gtpo.pass_at_k is pass_at_k and gtpo.maj_at_k is maj_at_k
     model, tok = tiny
     rows = [{"prompt": "What is 1 + 1?", "answer": "2"}]
-    # gtpo.evaluate is the function or, once the submodule is imported, the module: both call
-    # gtpo.evaluate.evaluate.
-    for target in (gtpo.evaluate, sys.modules["gtpo.evaluate"]):
+    # gtpo.evaluate is the function gtpo.evaluation.api.evaluate, also after the import above.
+    assert gtpo.evaluate is evaluate and gtpo.evaluation.evaluate is evaluate
+    for target in (gtpo.evaluate, gtpo.evaluation.api.evaluate):
         with pytest.raises(ValueError, match="temperature=0 decodes greedily"):
             target(model, tok, rows, n=2, temperature=0.0)

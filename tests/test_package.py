@@ -25,3 +25,10 @@ def test_config_imports_no_torch():
     code = "import sys, gtpo.config; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_evaluation_imports_no_torch_or_transformers():
+    code = ("import sys, gtpo.evaluation; "
+            "print(','.join(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "", f"gtpo.evaluation pulled in: {out}"

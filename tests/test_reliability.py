@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import stat
 import subprocess
 import sys
 
@@ -21,7 +22,7 @@ import torch
 import yaml
 
 from gtpo import GTPOConfig, GTPOTrainer
-from gtpo.checkpoint import commit, list_checkpoints, read_state, remove_checkpoint, rotate
+from gtpo.checkpoint import atomic_write, commit, list_checkpoints, read_state, remove_checkpoint, rotate, write_json_atomic
 from gtpo.errors import CheckpointError
 from gtpo.cli import ConfigError, main, split_spec
 from gtpo.errors import RewardFunctionError, TrainingStopped
@@ -416,6 +417,34 @@ def test_commit_replaces_and_rotation_renames_before_deleting(tmp_path):
     assert sorted(os.listdir(out)) == ["checkpoint-2", "checkpoint-3"]
     remove_checkpoint(str(out / "checkpoint-2"))
     assert sorted(os.listdir(out)) == ["checkpoint-3"]
+
+
+def test_atomic_write_content_permissions_and_failure(tmp_path, monkeypatch):
+    """checkpoint.atomic_write: the content, no temporary file left, the umask's permissions
+    (0o644 under umask 022), and a failure during the write leaves the old file intact."""
+    path = tmp_path / "out.json"
+    umask = os.umask(0o022)
+    try:
+        atomic_write(str(path), "gr\u00fcn\n")
+        assert path.read_bytes() == "gr\u00fcn\n".encode("utf-8")
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+        atomic_write(path, b"\x00new")
+        assert path.read_bytes() == b"\x00new"
+        write_json_atomic(str(path), {"b": 1, "a": [1.5]})
+        assert path.read_text() == json.dumps({"b": 1, "a": [1.5]}, indent=2, sort_keys=True)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+    finally:
+        os.umask(umask)
+    assert os.listdir(tmp_path) == ["out.json"]
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)  # the data is written, its fsync fails
+    with pytest.raises(OSError, match="No space left"):
+        atomic_write(str(path), "new content")
+    assert json.loads(path.read_text()) == {"b": 1, "a": [1.5]}
+    assert os.listdir(tmp_path) == ["out.json"]
 
 
 # ============================================================================= bad input

@@ -17,17 +17,16 @@ import numpy as np
 import pytest
 
 from gtpo import report
+from gtpo.checkpoint import atomic_write
+from gtpo.cli import add_report_arguments, report_main
 from gtpo.report import (
-    _atomic_write,
     _load_runs,
     _moving_average,
     _plot_entropy,
     _plot_reward_band,
     _run_stats,
-    add_report_arguments,
     load_metrics,
     plot_run,
-    report_main,
     summarize,
     write_report,
 )
@@ -405,7 +404,7 @@ def test_atomic_write_keeps_old_file_when_writing_fails(tmp_path):
     path = tmp_path / "report.md"
     path.write_text("old")
     with pytest.raises(UnicodeEncodeError):
-        _atomic_write(str(path), "new \ud800")  # a lone surrogate cannot be encoded
+        atomic_write(str(path), "new \ud800")  # a lone surrogate cannot be encoded
     assert path.read_text() == "old"
     assert os.listdir(tmp_path) == ["report.md"]
 
@@ -435,4 +434,4 @@ def test_cli_missing_run_dir_raises_value_error(tmp_path):
 
 def test_module_exports():
     assert set(report.__all__) == {"load_metrics", "plot_run", "summarize", "write_report",
-                                   "add_report_arguments", "report_main"}
+                                   "write_report_and_summary"}

@@ -39,9 +39,9 @@ _EXPORTS = {
     "run_sft": "gtpo.sft",
     "write_report": "gtpo.report",
     # evaluation
-    "pass_at_k": "gtpo.evaluate",
-    "maj_at_k": "gtpo.evaluate",
-    "evaluate": "gtpo.evaluate",
+    "pass_at_k": "gtpo.evaluation.estimators",
+    "maj_at_k": "gtpo.evaluation.estimators",
+    "evaluate": "gtpo.evaluation.api",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

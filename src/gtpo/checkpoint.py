@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 from typing import Any
 
@@ -36,6 +37,7 @@ from .errors import CheckpointError
 logger = logging.getLogger("gtpo")
 
 STATE_FILE = "trainer_state.json"
+_ATOMIC_TEMP = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")  # atomic_write's temporary files
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 TMP_PREFIX = ".tmp-checkpoint-"
 REMOVING_PREFIX = TMP_PREFIX + "removing-"
@@ -83,14 +85,8 @@ def fsync_tree(path: str) -> None:
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
-    """Write JSON to ``path`` through a temporary file and ``os.replace``."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=2, sort_keys=True, default=str)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    """Write ``obj`` as JSON (indent 2, sorted keys, ``default=str``) with :func:`atomic_write`."""
+    atomic_write(path, json.dumps(obj, indent=2, sort_keys=True, default=str))
 
 
 def list_checkpoints(output_dir: str) -> list[tuple[int, str]]:
@@ -428,9 +424,10 @@ class RunDirectory:
         if acc.is_main_process:  # leftovers of a killed run: never loaded, removed here
             remove_stale_temps(out)
             shutil.rmtree(self.path(".tmp-final"), ignore_errors=True)
-            for name in RUN_FILES:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(self.path(name + ".tmp"))
+            for name in os.listdir(out):  # truncate_jsonl's <log>.tmp, atomic_write's .<file>.<hex>.tmp
+                if name in {f + ".tmp" for f in RUN_FILES} or _ATOMIC_TEMP.match(name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(self.path(name))
         acc.wait_for_everyone()
 
     def drop_later_checkpoints(self, resumed: str, step: int) -> None:
@@ -583,3 +580,45 @@ class RunDirectory:
                 f"{describe_write_error(err)} while writing the final model to {out}; {self.checkpoint_note()} "
                 f"Free some space and {RESUME_HINT} to write it again"
             ) from err
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes) -> None:
+    """Replace the file ``path`` by ``data``, atomically and durably.
+
+    ``data`` (a ``str`` is written as UTF-8, ``bytes`` as they are) goes into a new temporary file
+    ``.<name>.<random hex>.tmp`` in the same directory, which is fsynced, renamed over ``path``
+    (``os.replace``, atomic on POSIX and Windows), and the directory is fsynced so that the rename
+    survives a power cut. A reader sees the old file or the new one, never a part of either.
+
+    The temporary file is created with mode ``0o666`` minus the process umask (``0o644`` under
+    the usual umask 022), the permissions an ordinary ``open(path, "w")`` gives; ``tempfile``
+    would leave ``0o600``. Every call has its own temporary name, so two writers of one path
+    never write into the same temporary file (the last rename wins).
+
+    Args:
+        path: the destination; its directory must exist (the file need not).
+        data: the whole new content.
+
+    Raises:
+        OSError: the write, the fsync or the rename failed (e.g. ENOSPC); ``UnicodeEncodeError``:
+            ``data`` is a ``str`` that is not valid Unicode. On any error (a
+            ``KeyboardInterrupt`` too) the temporary file is removed and ``path`` is untouched.
+    """
+    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(directory)

@@ -303,7 +303,7 @@ def build_peft_config(value: Any):
 
 
 def _greedy_accuracy(model, tokenizer, dataset, reward, config: GTPOConfig) -> float:
-    from .evaluate import evaluate_during_training
+    from .evaluation.api import evaluate_during_training
 
     out = evaluate_during_training(
         model, tokenizer, dataset, n=1, k_list=[1], max_new_tokens=config.eval_max_new_tokens or config.max_completion_length,
@@ -597,6 +597,142 @@ def sft_main(argv: list[str]) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- gtpo eval
+def _parse_columns(value: str | None) -> dict | None:
+    """``--columns "question=problem,answer=solution"`` as ``{"question": "problem", ...}``."""
+    if not value:
+        return None
+    mapping = {}
+    for part in value.split(","):
+        key, sep, column = part.partition("=")
+        if not sep or not key.strip() or not column.strip():
+            raise ValueError(f"--columns: expected key=column pairs such as "
+                             f"'question=problem,answer=solution', got {value!r}")
+        mapping[key.strip()] = column.strip()
+    return mapping
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``gtpo eval`` options to ``parser``; each ``--a-b`` option is also accepted as ``--a_b``."""
+    from .evaluation.estimators import MAJ_ESTIMATORS, UNPARSABLE_MODES
+
+    def add(name: str, *args, **kw) -> None:
+        names = [name] + (["--" + name[2:].replace("-", "_")] if "-" in name[2:] else [])
+        parser.add_argument(*names, *args, **kw)
+
+    add("--model", help="model path, hub id, .gguf file or smollm2-135m-instruct")
+    add("--adapter", default=None, help="peft adapter directory applied on the model")
+    add("--dataset", help="gsm8k, math, math500, aime24, aime25, amc23, mmlu, a "
+        "reasoning-gym task (rg:<task>), or a .jsonl/.json/.parquet/.csv file")
+    add("--data-path", default=None,
+        help="local copy of a hub dataset in the hub's format (offline use)")
+    add("--columns", default=None,
+        help="local files: column mapping, e.g. question=problem,answer=solution")
+    add("--split", default="test", help="dataset split (default: test)")
+    add("--size", type=int, default=None, help="evaluate on this many problems")
+    add("--seed", type=int, default=0, help="subsampling and sampling seed")
+    add("--template", default="paper", help="prompt template (gtpo.data.TEMPLATES)")
+    add("--n", type=int, default=64, help="completions per problem (default 64)")
+    add("--k", default=None,
+        help="pass@k values, e.g. 1,8,16,32,64 (default: 1, 8, 16, ... up to n, and n)")
+    add("--maj-k", default=None, help="maj@k values (default: the --k values)")
+    add("--maj-estimator", default=None, choices=MAJ_ESTIMATORS,
+        help="expected (default): mean over all size-k subsets (ties count 1/t); "
+        "first: the first k samples (ties to the earliest answer)")
+    add("--unparsable", default=None, choices=UNPARSABLE_MODES,
+        help="samples with no answer: abstain from the vote (default), or vote "
+        "as one class that is never correct")
+    add("--temperature", type=float, default=1.0)
+    add("--top-p", type=float, default=1.0)
+    add("--top-k", type=int, default=0)
+    add("--max-new-tokens", type=int, default=1024)
+    add("--max-prompt-length", type=int, default=None)
+    add("--batch-size", type=int, default=64, help="completions sampled per batch")
+    add("--answer-from", default=None, choices=("auto", "tag", "boxed", "last_number"),
+        help="where the answer is read from a completion (default: auto = the "
+        "<answer> tag, else \\boxed{}, else the last number)")
+    add("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    add("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
+    add("--mmlu-chat-template", action="store_true",
+        help="MMLU: put the question in the chat template")
+    add("--out", default=None, help="write the results (with every sample) as JSON")
+    add("--rescore", default=None, metavar="RESULTS_JSON",
+        help="recompute the metrics of a results file instead of generating")
+    add("--no-progress", action="store_true", help="no progress bar")
+
+
+def eval_main(args: argparse.Namespace) -> int:
+    """Run ``gtpo eval``: evaluate (or rescore), print the table, write ``--out``. Returns 0.
+
+    A bad argument or input (unknown dataset, ``k > n``, missing file, ...) prints
+    ``gtpo eval: error: ...`` on stderr and returns 2.
+    """
+    from .evaluation.api import evaluate, format_table, rescore
+
+    try:
+        if args.rescore:
+            results = rescore(args.rescore, k=args.k, maj_k=args.maj_k,
+                              maj_estimator=args.maj_estimator, unparsable=args.unparsable,
+                              answer_from=args.answer_from, out=args.out)
+        else:
+            if not args.model or not args.dataset:
+                raise ValueError("--model and --dataset are required (or --rescore RESULTS_JSON)")
+            results = evaluate(
+                args.model, dataset=args.dataset, adapter=args.adapter, n=args.n, k=args.k,
+                maj_k=args.maj_k, maj_estimator=args.maj_estimator or "expected",
+                unparsable=args.unparsable or "abstain",
+                temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                max_new_tokens=args.max_new_tokens, max_prompt_length=args.max_prompt_length,
+                batch_size=args.batch_size, answer_from=args.answer_from or "auto", out=args.out,
+                split=args.split, template=args.template, size=args.size, seed=args.seed,
+                data_path=args.data_path, columns=_parse_columns(args.columns),
+                dtype=args.dtype, device=args.device, mmlu_chat_template=args.mmlu_chat_template,
+                progress=not args.no_progress,
+            )
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"gtpo eval: error: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(results))
+    if args.out:
+        print(f"results written to {args.out}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- gtpo report
+def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``gtpo report`` arguments to ``parser`` (a subcommand parser) and return it."""
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                        help="training output directories (each with metrics.jsonl); several "
+                             "are overlaid in each figure")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="output directory (default: <first RUN_DIR>/report)")
+    parser.add_argument("--labels", default=None,
+                        help="comma-separated legend labels, one per RUN_DIR "
+                             "(default: '<loss_type> <dir name>')")
+    parser.add_argument("--smooth", type=int, default=None, metavar="N",
+                        help="moving-average window in steps (raw values drawn faint behind)")
+    return parser
+
+
+def report_main(args: argparse.Namespace) -> int:
+    """Run ``gtpo report``: write the report, print its path and the summary, return 0.
+
+    Raises:
+        ValueError: a run directory or its metrics.jsonl is missing, a line is corrupt, or the
+            labels do not match the run directories (the CLI prints it and exits with 2).
+    """
+    from .report import write_report_and_summary
+
+    labels = None
+    if args.labels is not None:
+        labels = [s.strip() for s in args.labels.split(",")]
+    path, summary = write_report_and_summary(args.run_dirs, args.out, labels=labels, smooth=args.smooth)
+    print(path)
+    print()
+    print(summary, end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
@@ -606,9 +742,6 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", metavar="{train,sft,eval,report}")
     sub.add_parser("train", help="RL training (YAML config + --field overrides; no arguments: the offline default run)", add_help=False)
     sub.add_parser("sft", help="supervised fine-tuning (SFT baseline / format warm-up)", add_help=False)
-    from .evaluate import add_eval_arguments, eval_main
-    from .report import add_report_arguments, report_main
-
     add_eval_arguments(sub.add_parser("eval", help="pass@k / maj@k / format rate of a model on a dataset"))
     add_report_arguments(sub.add_parser("report", help="plots and a markdown summary of run directories"))
     if not argv or argv[0] in ("-h", "--help"):

@@ -9,8 +9,9 @@ One entry point, :func:`load_task`, returns a ``datasets.Dataset`` whose rows ha
 * ``task``: the task name; optionally ``solution`` (worked reasoning, for SFT warm-up);
 * task-specific extras: reasoning-gym rows carry ``rg_entry`` (the generated entry as JSON,
   for the task's scorer) and ``rg_config`` (the task config as JSON); MMLU rows keep
-  ``choices`` and ``subject`` (``answer`` is the letter); MATH rows keep ``level`` and
-  ``type``; MATH-500 rows keep ``level``, ``subject`` and ``unique_id``.
+  ``stem`` (the bare question), ``choices`` and ``subject`` as data (``answer`` is the letter;
+  ``question`` adds the ``A. ...`` choice lines and an instruction, for generation); MATH rows
+  keep ``level`` and ``type``; MATH-500 rows keep ``level``, ``subject`` and ``unique_id``.
 
 Every extra column reaches the reward functions as a keyword argument (TRL's contract).
 
@@ -70,7 +71,9 @@ __all__ = [
     "KNOWN_TASKS",
     "FILE_EXTENSIONS",
     "RG_TEST_FRACTION",
+    "MMLU_LETTERS",
     "make_prompt",
+    "mmlu_choice_lines",
     "format_paper_completion",
     "extract_gsm8k_answer",
     "last_boxed",
@@ -278,7 +281,8 @@ RG_DEFAULT_SIZE = 500
 #: Offset between the reasoning-gym seeds of the "train" and "test" streams.
 _RG_TEST_SEED_OFFSET = 1_000_003
 
-_LETTERS = "ABCDEFGHIJ"
+#: The answer letters of multiple-choice rows (MMLU): choice ``i`` is ``MMLU_LETTERS[i]``.
+MMLU_LETTERS = "ABCDEFGHIJ"
 
 
 def _hub_split(name: str, split: str) -> str:
@@ -411,30 +415,41 @@ def _process_answer_column(question_column: str, extras: Sequence[str]):
     return process
 
 
-def _mmlu_question(question: str, choices: Sequence[str]) -> str:
-    lines = [question.strip(), ""]
-    lines += [f"{_LETTERS[k]}. {choice}" for k, choice in enumerate(choices)]
-    letters = ", ".join(_LETTERS[: len(choices) - 1]) + f" or {_LETTERS[len(choices) - 1]}"
-    lines += ["", f"Answer with the letter ({letters}) of the correct choice."]
+def mmlu_choice_lines(choices: Sequence[str]) -> list[str]:
+    """The lines that list multiple-choice options: ``["A. <choice 0>", "B. <choice 1>", ...]``.
+
+    The one format of the choices, in the ``question`` of :func:`load_task`'s MMLU rows and in
+    the log-likelihood prompt of ``gtpo.evaluation.mmlu``. At most ``len(MMLU_LETTERS)`` choices.
+    """
+    return [f"{MMLU_LETTERS[k]}. {choice}" for k, choice in enumerate(choices)]
+
+
+def _mmlu_question(stem: str, choices: Sequence[str]) -> str:
+    """The generation-task question of an MMLU row: stem, choice lines, "Answer with the letter"."""
+    letters = ", ".join(MMLU_LETTERS[: len(choices) - 1]) + f" or {MMLU_LETTERS[len(choices) - 1]}"
+    lines = [stem, "", *mmlu_choice_lines(choices), ""]
+    lines.append(f"Answer with the letter ({letters}) of the correct choice.")
     return "\n".join(lines)
 
 
 def _process_mmlu(row: dict, desc: str, i: int) -> dict | None:
     choices = list(row["choices"] or [])
-    if not 2 <= len(choices) <= len(_LETTERS):
+    if not 2 <= len(choices) <= len(MMLU_LETTERS):
         raise _row_error(desc, i, f"column 'choices' must hold 2-10 options, got {choices!r}")
     answer = row["answer"]
-    if isinstance(answer, str) and answer.strip().upper() in _LETTERS[: len(choices)]:
+    if isinstance(answer, str) and answer.strip().upper() in MMLU_LETTERS[: len(choices)]:
         letter = answer.strip().upper()
     elif isinstance(answer, int) and not isinstance(answer, bool) and 0 <= answer < len(choices):
-        letter = _LETTERS[answer]
+        letter = MMLU_LETTERS[answer]
     else:
         raise _row_error(
             desc, i, f"column 'answer' must be a choice index 0-{len(choices) - 1}, got {answer!r}"
         )
+    stem = row["question"].strip()
     return {
-        "question": _mmlu_question(row["question"], choices),
+        "question": _mmlu_question(stem, choices),
         "answer": letter,
+        "stem": stem,
         "choices": choices,
         "subject": row.get("subject"),
     }
@@ -775,8 +790,9 @@ def load_task(
           without the ``<<...>>`` calculator annotations.
         * MATH: gold = last ``\\boxed{}``/``\\fbox{}`` of the solution (balanced braces); the
           few rows whose solution has no box are dropped.
-        * MMLU: the question lists the choices as ``A. ...`` lines and asks for the letter;
-          ``answer`` is the letter; ``choices`` and ``subject`` are kept.
+        * MMLU: the question lists the choices as ``A. ...`` lines
+          (:func:`mmlu_choice_lines`) and asks for the letter; ``answer`` is the letter;
+          ``stem`` (the bare question), ``choices`` and ``subject`` are kept as data.
         * reasoning-gym: ``"train"`` and ``"test"`` are disjoint for every size and seed:
           each question (whitespace removed) is assigned to one split by a hash
           (:data:`RG_TEST_FRACTION` of them to "test") and each split only keeps its own;

@@ -19,30 +19,30 @@ stays as it was), figures are freed as soon as they are saved, and matplotlib is
 when a plot is drawn, so ``import gtpo`` stays cheap. This is the pattern matplotlib documents
 for rendering in servers ("Embedding in a web application server").
 
-Every file is written atomically (temporary file in the same directory + ``os.replace``), so a
-report killed half-way never leaves a truncated PNG or ``report.md``.
+Every file is written atomically (``gtpo.checkpoint.atomic_write``: temporary file in the same
+directory, fsync, ``os.replace``), so a report killed half-way never leaves a truncated PNG or
+``report.md``.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import math
 import os
-import secrets
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+
+from .checkpoint import atomic_write
 
 __all__ = [
     "load_metrics",
     "plot_run",
     "summarize",
     "write_report",
-    "add_report_arguments",
-    "report_main",
+    "write_report_and_summary",
 ]
 
 METRICS_FILE = "metrics.jsonl"
@@ -383,28 +383,8 @@ def _render_figure(runs: Sequence[_Run], panels: Sequence[dict], title: str, pat
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=_DPI)
-    _atomic_write(path, buf.getvalue())
+    atomic_write(path, buf.getvalue())
     return True
-
-
-def _atomic_write(path: str, data: bytes | str) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same directory + ``os.replace``.
-
-    The temporary file is created with ``os.open(..., 0o666)`` so the final file gets the
-    usual umask-derived permissions (``tempfile.mkstemp`` would leave it 0600).
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _prefixed_keys(runs: Iterable[_Run], prefix: str) -> list[str]:
@@ -637,11 +617,14 @@ def summarize(run_dirs: Sequence[str], *, labels: Sequence[str] | None = None) -
 
 
 # --------------------------------------------------------------------------------------------
-# Report + CLI hooks
+# Report
 # --------------------------------------------------------------------------------------------
 
 
-def _write_report(run_dirs, out_dir, *, labels, smooth) -> tuple[str, str]:
+def write_report_and_summary(run_dirs: Sequence[str], out_dir: str | None = None, *,
+                             labels: Sequence[str] | None = None,
+                             smooth: int | None = None) -> tuple[str, str]:
+    """:func:`write_report` that also returns the markdown summary: ``(report.md path, summary)``."""
     smooth = _check_smooth(smooth)
     runs = _load_runs(run_dirs, labels)
     if out_dir is None:
@@ -656,7 +639,7 @@ def _write_report(run_dirs, out_dir, *, labels, smooth) -> tuple[str, str]:
         name = os.path.basename(png)
         parts += [f"![{name[:-len('.png')]}]({name})", ""]
     path = os.path.join(out_dir, REPORT_FILE)
-    _atomic_write(path, "\n".join(parts).rstrip("\n") + "\n")
+    atomic_write(path, "\n".join(parts).rstrip("\n") + "\n")
     return path, summary
 
 
@@ -673,36 +656,4 @@ def write_report(run_dirs: Sequence[str], out_dir: str | None = None, *,
     Returns:
         The path of report.md. Every file is written atomically.
     """
-    return _write_report(run_dirs, out_dir, labels=labels, smooth=smooth)[0]
-
-
-def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``gtpo report`` arguments to ``parser`` (a subcommand parser) and return it."""
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
-                        help="training output directories (each with metrics.jsonl); several "
-                             "are overlaid in each figure")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="output directory (default: <first RUN_DIR>/report)")
-    parser.add_argument("--labels", default=None,
-                        help="comma-separated legend labels, one per RUN_DIR "
-                             "(default: '<loss_type> <dir name>')")
-    parser.add_argument("--smooth", type=int, default=None, metavar="N",
-                        help="moving-average window in steps (raw values drawn faint behind)")
-    return parser
-
-
-def report_main(args: argparse.Namespace) -> int:
-    """Run ``gtpo report``: write the report, print its path and the summary, return 0.
-
-    Raises:
-        ValueError: a run directory or its metrics.jsonl is missing, a line is corrupt, or the
-            labels do not match the run directories (the CLI prints it and exits with 2).
-    """
-    labels = None
-    if args.labels is not None:
-        labels = [s.strip() for s in args.labels.split(",")]
-    path, summary = _write_report(args.run_dirs, args.out, labels=labels, smooth=args.smooth)
-    print(path)
-    print()
-    print(summary, end="")
-    return 0
+    return write_report_and_summary(run_dirs, out_dir, labels=labels, smooth=smooth)[0]

@@ -26,10 +26,9 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from typing import Any, Mapping
 
-from .checkpoint import save_model_atomically
+from .checkpoint import atomic_write, save_model_atomically
 from .data import gsm8k_reasoning
 
 __all__ = [
@@ -240,18 +239,6 @@ def _json_value(value: Any) -> Any:
     return str(value)
 
 
-def _atomic_write_text(path: str, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-", suffix=".part")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def _sft_field(default: Any, help: str) -> Any:
     return dataclasses.field(default=default, metadata={"help": help})
 
@@ -413,5 +400,5 @@ def run_sft(model, tokenizer, train_dataset, args: SFTArgs | None = None, *, pef
     output_dir = trainer.args.output_dir
     save_model_atomically(trained, trainer.processing_class, output_dir)
     lines = "".join(json.dumps(row, default=_json_value) + "\n" for row in _log_rows(trainer.state.log_history))
-    _atomic_write_text(os.path.join(output_dir, METRICS_FILE), lines)
+    atomic_write(os.path.join(output_dir, METRICS_FILE), lines)
     return output_dir

@@ -657,7 +657,7 @@ class GTPOTrainer:
 
     def evaluate(self) -> dict[str, float]:
         """Evaluate on ``eval_dataset``; returns ``eval/*`` metrics."""
-        from .evaluate import evaluate_during_training
+        from .evaluation.api import evaluate_during_training
 
         a = self.args
         return evaluate_during_training(

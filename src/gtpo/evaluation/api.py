@@ -1,0 +1,597 @@
+"""Evaluating a model: :func:`evaluate`, :func:`rescore`, :func:`evaluate_during_training`.
+
+The GTPO paper (Simoni et al., TACL 2026, arXiv 2508.03772, Table 1) reports pass@k and maj@k with
+k up to 32 in distribution (GSM8K, MATH test) and up to 64 out of distribution (AIME 2024,
+AIME 2025, AMC 2023), and MMLU to check that other knowledge is kept. This module measures the
+same things so that runs of this project can be compared with the paper and with each other:
+it loads the model and the data, samples completions (``gtpo.rollout.generate``), judges and
+aggregates them (``gtpo.evaluation.scoring``, ``gtpo.evaluation.estimators``; MMLU:
+``gtpo.evaluation.mmlu``) and writes the results JSON; :func:`format_table` prints them.
+
+Datasets are loaded by ``gtpo.data.load_task``: ``gsm8k`` (openai/gsm8k, main, test), ``math``
+(EleutherAI/hendrycks_math, test), ``math500`` (HuggingFaceH4/MATH-500), ``aime24``
+(HuggingFaceH4/aime_2024), ``aime25`` (yentinglin/aime_2025), ``amc23`` (math-ai/amc23), ``mmlu``
+(cais/mmlu, all, test), any reasoning-gym task (``rg:<task>``), or a local ``.jsonl`` /
+``.json`` / ``.parquet`` / ``.csv`` file with ``question`` (or ``prompt``) and ``answer`` columns
+(``gtpo.data.HUB_IDS`` is the authoritative list; ``data_path=`` / ``--data-path`` reads a local
+copy of a hub dataset in the hub's format, for machines without hub access). MMLU is scored by
+``gtpo.evaluation.mmlu.evaluate_mmlu`` from the log-likelihood of the answer letter, not by
+generation.
+
+Usage::
+
+    gtpo eval --model Qwen/Qwen2.5-3B-Instruct --adapter runs/gtpo/final --dataset aime24 \\
+        --n 64 --k 1,8,16,32,64 --temperature 1.0 --max-new-tokens 1500 --out aime24.json
+    gtpo eval --rescore aime24.json --maj-estimator first     # re-score, no generation
+
+    results = gtpo.evaluate("path/to/model", dataset="gsm8k", n=16, k=[1, 8, 16])
+    results["metrics"]["pass@8"], results["metrics"]["maj@16"]
+
+The JSON written by ``out=`` / ``--out`` holds every sample (text, extracted answer, verdict,
+length, truncation), so :func:`rescore` can recompute all metrics with other settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gtpo.checkpoint import atomic_write
+
+from .estimators import (
+    MAJ_ESTIMATOR_DOC,
+    MAJ_ESTIMATORS,
+    PASS_AT_K_ESTIMATOR,
+    UNPARSABLE_DOC,
+    UNPARSABLE_MODES,
+    as_count,
+    parse_k_list,
+)
+from .mmlu import evaluate_mmlu, mmlu_metrics
+from .scoring import CORRECT_SCORE, problem_record, score_problems
+
+__all__ = [
+    "evaluate",
+    "rescore",
+    "evaluate_during_training",
+    "format_table",
+    "write_results",
+]
+
+
+def _load_model(model: Any, tokenizer: Any, adapter: str | None, *, dtype: Any, device: Any):
+    """``(model, tokenizer, model_name)`` from a spec string or a loaded model (+ peft adapter)."""
+    import torch
+
+    name = None
+    if isinstance(model, (str, os.PathLike)):
+        from gtpo.models import load_model, load_tokenizer
+
+        name = str(model)
+        target = torch.device(device) if device is not None else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu")
+        if isinstance(dtype, str):
+            dtype = _dtype_of(dtype, target)
+        elif dtype is None:
+            dtype = torch.bfloat16 if target.type == "cuda" else torch.float32
+        if tokenizer is None:
+            tokenizer = load_tokenizer(name)
+        model = load_model(name, dtype=dtype).to(target)
+    elif device is not None:
+        model = model.to(device)
+    if tokenizer is None:
+        raise ValueError("tokenizer: required when model is a loaded model (not a path or hub id)")
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from gtpo.models import load_tokenizer
+
+        tokenizer = load_tokenizer(str(tokenizer))
+    if adapter is not None:
+        from peft import PeftModel
+
+        if not os.path.exists(str(adapter)):
+            raise ValueError(f"adapter: {str(adapter)!r} does not exist (expected a peft adapter "
+                             "directory with adapter_config.json)")
+        model = PeftModel.from_pretrained(model, str(adapter))
+    if name is None:
+        name = getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__
+    return model, tokenizer, name
+
+
+def _dtype_of(name: str, device) -> Any:
+    """The torch dtype of ``name`` (``auto``: bfloat16 on CUDA, float32 elsewhere)."""
+    import torch
+
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in table:
+        raise ValueError(f"dtype: expected auto, float32, bfloat16 or float16, got {name!r}")
+    return table[name]
+
+
+def _load_rows(
+    dataset: Any,
+    *,
+    split: str,
+    size: int | None,
+    seed: int,
+    template: str,
+    system_prompt: str | None,
+    data_path: str | None,
+    columns: dict | None,
+    task_kwargs: dict | None,
+) -> tuple[list[dict], str]:
+    """``(rows, dataset name)`` from a task name / file (``gtpo.data.load_task``) or rows."""
+    if isinstance(dataset, (str, os.PathLike)):
+        from gtpo.data import load_task
+
+        name = str(dataset)
+        loaded = load_task(name, split=split, size=size, seed=seed, template=template,
+                           system_prompt=system_prompt, path=data_path, columns=columns,
+                           **(task_kwargs or {}))
+        return loaded.to_list(), name
+    if hasattr(dataset, "to_list"):
+        rows = dataset.to_list()
+    elif isinstance(dataset, (list, tuple)) and all(isinstance(r, dict) for r in dataset):
+        rows = [dict(r) for r in dataset]
+    else:
+        raise ValueError("dataset: expected a task name, a file path, a datasets.Dataset or a list "
+                         f"of dicts, got {type(dataset).__name__}")
+    if not rows:
+        raise ValueError("dataset: it has no rows")
+    if size is not None:
+        rows = rows[:size]
+    if any("prompt" not in r for r in rows):
+        from gtpo.data import make_prompt
+
+        for i, r in enumerate(rows):
+            if "prompt" not in r:
+                if not r.get("question"):
+                    raise ValueError(f"dataset row {i} has neither 'prompt' nor 'question' "
+                                     f"(columns: {sorted(r)})")
+                r["prompt"] = make_prompt(r["question"], template=template,
+                                          system_prompt=system_prompt)
+    tasks = {r.get("task") for r in rows if r.get("task")}
+    return rows, (tasks.pop() if len(tasks) == 1 else "custom")
+
+
+def _is_mmlu(rows: Sequence[dict], name: str) -> bool:
+    """Whether to score ``rows`` as MMLU: the task ``mmlu``, or every row has choices and a subject."""
+    return name.lower() == "mmlu" or all("choices" in r and "subject" in r for r in rows)
+
+
+@contextlib.contextmanager
+def _seeded(seed: int):
+    """Seed torch inside the block and restore the global RNG state on exit.
+
+    Evaluation is reproducible for a given ``seed`` and never shifts the random stream of a
+    training run that calls it.
+    """
+    import torch
+
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def _generate_samples(
+    model, tokenizer, rows: list[dict], *, n: int, temperature: float, top_p: float, top_k: int,
+    max_new_tokens: int, batch_size: int | None, max_prompt_length: int | None, progress: bool,
+    keep_ids: bool = False,
+) -> list[list[dict]]:
+    """``n`` sampled completions of every row: per row, ``n`` dicts (text, length, truncated,
+    and with ``keep_ids`` the completion's token ids under ``"ids"``)."""
+    from gtpo.rollout import generate
+
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    for i, row in enumerate(rows):
+        if "prompt" not in row:
+            raise ValueError(f"dataset row {i} has no 'prompt' column (columns: {sorted(row)})")
+    per_call = max(1, (batch_size or 64) // n)
+    chunks = range(0, len(rows), per_call)
+    if progress:
+        from tqdm.auto import tqdm
+
+        chunks = tqdm(chunks, desc="generating", unit="chunk", file=sys.stderr)
+    out: list[list[dict]] = []
+    greedy = temperature <= 0
+    for start in chunks:
+        part = rows[start:start + per_call]
+        rollout = generate(
+            model, tokenizer, [r["prompt"] for r in part], num_samples=n,
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            do_sample=not greedy, batch_size=batch_size, max_prompt_length=max_prompt_length,
+        )
+        lengths = rollout.completion_mask.sum(dim=1).tolist()
+        truncated = rollout.truncated.tolist()
+        ids = rollout.completion_ids.tolist() if keep_ids else None
+        for p in range(len(part)):
+            samples = []
+            for s in range(n):
+                row = p * n + s
+                sample = {"text": rollout.texts[row], "length": int(lengths[row]),
+                          "truncated": bool(truncated[row])}
+                if keep_ids:
+                    sample["ids"] = ids[row][:int(lengths[row])]
+                samples.append(sample)
+            out.append(samples)
+    return out
+
+
+def write_results(path: str | os.PathLike, data: dict) -> None:
+    """Write results as JSON (indent 1, UTF-8, NaN allowed) with ``gtpo.checkpoint.atomic_write``;
+    the directory is created if needed."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write(path, json.dumps(data, indent=1, ensure_ascii=False, allow_nan=True) + "\n")
+
+
+def _versions() -> dict:
+    """Installed versions of the packages that decide the numbers (recorded in the results)."""
+    import importlib.metadata as md
+
+    out = {}
+    for package in ("gtpo", "torch", "transformers", "math-verify", "reasoning-gym", "peft"):
+        try:
+            out[package] = md.version(package)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def _check_choice(value: Any, choices: Sequence[str], name: str) -> None:
+    """A ValueError naming ``name`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {tuple(choices)}, got {value!r}")
+
+
+def _estimator_settings(maj_estimator: str, unparsable: str) -> dict:
+    """The estimator and scoring rules recorded in the results' ``settings``."""
+    return {
+        "pass_estimator": PASS_AT_K_ESTIMATOR,
+        "maj_estimator": maj_estimator,
+        "maj_estimator_rule": MAJ_ESTIMATOR_DOC[maj_estimator],
+        "unparsable": unparsable,
+        "unparsable_rule": UNPARSABLE_DOC[unparsable],
+        "correct_rule": "math-verify equivalence of the extracted answer with the gold answer; "
+        "reasoning-gym tasks: the task's scorer gives full marks (1.0)",
+    }
+
+
+def evaluate(
+    model: Any,
+    tokenizer: Any = None,
+    dataset: Any = "gsm8k",
+    *,
+    adapter: str | None = None,
+    n: int = 64,
+    k: Any = None,
+    maj_k: Any = None,
+    maj_estimator: str = "expected",
+    unparsable: str = "abstain",
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_new_tokens: int = 1024,
+    max_prompt_length: int | None = None,
+    batch_size: int | None = 64,
+    answer_from: str = "auto",
+    out: str | os.PathLike | None = None,
+    split: str = "test",
+    template: str = "paper",
+    system_prompt: str | None = None,
+    size: int | None = None,
+    seed: int = 0,
+    data_path: str | None = None,
+    columns: dict | None = None,
+    task_kwargs: dict | None = None,
+    dtype: Any = None,
+    device: Any = None,
+    mmlu_chat_template: bool = False,
+    progress: bool = False,
+) -> dict:
+    """Evaluate a model on a dataset: pass@k, maj@k, format rate, lengths (MMLU: accuracy).
+
+    Generates ``n`` completions per problem (``gtpo.rollout.generate``), extracts and judges
+    each answer (``scoring.score_samples``: math-verify against the gold answer, or the
+    reasoning-gym task's scorer), and computes per-problem pass@k (``estimators.pass_at_k``)
+    and maj@k (``estimators.majority_vote_score``) and their means over problems. For
+    ``"mmlu"`` (or rows with ``choices`` and ``subject``) it dispatches to
+    :func:`evaluate_mmlu`.
+
+    Args:
+        model: a path, hub id, ``.gguf`` file or ``"smollm2-135m-instruct"`` (loaded with
+            ``gtpo.models``; bfloat16 on GPU, float32 on CPU unless ``dtype``), or a loaded
+            causal LM.
+        tokenizer: the tokenizer (default: loaded from ``model`` when it is a path/id).
+        dataset: a task name of ``gtpo.data.load_task`` (``gsm8k``, ``math``, ``math500``,
+            ``aime24``, ``aime25``, ``amc23``, ``mmlu``, any reasoning-gym task as
+            ``rg:<task>`` or bare name), a local ``.jsonl``/``.json``/``.parquet``/``.csv`` file
+            (columns ``question`` or ``prompt``, and ``answer``, unless ``columns`` maps them),
+            or loaded rows (a ``datasets.Dataset`` or a list of dicts with ``prompt`` and
+            ``answer``).
+        adapter: a peft adapter directory applied on top of ``model``.
+        n: completions per problem.
+        k: pass@k values: a list, an int, a ``"1,8,16"`` string, or None for
+            ``estimators.default_k_list`` (the paper's 1, 8, 16, 32, 64 up to ``n``). Each ``<= n``.
+        maj_k: maj@k values, same forms; None uses ``k``.
+        maj_estimator: ``"expected"`` or ``"first"`` (``gtpo.evaluation.estimators``).
+        unparsable: ``"abstain"`` or ``"vote"``: how samples without an answer take part in
+            the majority vote (``gtpo.evaluation.estimators``).
+        temperature, top_p, top_k, max_new_tokens, max_prompt_length: generation settings
+            (``temperature=0``: greedy decoding, only with ``n=1``).
+        batch_size: completions per ``generate`` call (whole problems per call:
+            ``max(1, batch_size // n)``).
+        answer_from: ``"auto"``, ``"tag"``, ``"boxed"`` or ``"last_number"``
+            (``gtpo.rewards.extract_final_answer``).
+        out: write the results as JSON there (atomically).
+        split, template, system_prompt, size, seed, data_path, columns, task_kwargs: passed to
+            ``gtpo.data.load_task`` (``data_path`` is its ``path=``: a local copy of a hub
+            dataset in the hub's format). ``seed`` also seeds sampling (the caller's RNG state
+            is restored afterwards).
+        dtype, device: for a model given as a path (``dtype`` also ``"auto"``, ``"bfloat16"``,
+            ...); ``device`` moves a loaded model too.
+        mmlu_chat_template: MMLU only, see :func:`evaluate_mmlu`.
+        progress: show a progress bar on stderr.
+
+    Returns:
+        ``{"dataset", "model", "adapter", "settings", "metrics", "problems"}``: ``metrics`` as
+        ``scoring.aggregate_metrics`` (``pass@<k>``, ``maj@<k>``, ``format_rate``, ``mean_length``,
+        ``truncated_frac``, ``unparsable_frac``, ...), ``problems`` one record per problem
+        (``question``, ``gold``, ``n_correct``, ``pass@k``, ``maj@k``, and ``samples``: ``text``,
+        ``answer``, ``correct``, ``score``, ``format``, ``length``, ``truncated``), enough for
+        :func:`rescore` to recompute everything without generating again.
+
+    Raises:
+        ValueError: an unknown dataset (listing the known ones), ``k > n``, bad settings.
+    """
+    n = as_count(n, "n")
+    if n == 0:
+        raise ValueError("n (completions per problem) must be >= 1, got 0")
+    ks = parse_k_list(k, n, "k")
+    maj_ks = ks if maj_k is None else parse_k_list(maj_k, n, "maj_k")
+    _check_choice(maj_estimator, MAJ_ESTIMATORS, "maj_estimator")
+    _check_choice(unparsable, UNPARSABLE_MODES, "unparsable")
+    from gtpo.rewards import ANSWER_FROM
+
+    _check_choice(answer_from, ANSWER_FROM, "answer_from")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0 and n > 1:
+        raise ValueError(f"temperature=0 decodes greedily and gives n={n} identical samples; "
+                         "use n=1 for greedy accuracy or a temperature > 0 for pass@k")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+
+    rows, name = _load_rows(dataset, split=split, size=size, seed=seed, template=template,
+                            system_prompt=system_prompt, data_path=data_path, columns=columns,
+                            task_kwargs=task_kwargs)
+    model, tokenizer, model_name = _load_model(model, tokenizer, adapter, dtype=dtype,
+                                               device=device)
+    if _is_mmlu(rows, name):
+        results = evaluate_mmlu(model, tokenizer, rows, batch_size=batch_size or 8,
+                                chat_template=mmlu_chat_template, progress=progress)
+        results.update({"dataset": name, "model": model_name, "adapter": adapter})
+        results["settings"].update({"split": split, "size": size, "seed": seed,
+                                    "data_path": data_path, "versions": _versions()})
+        results = {key: results[key] for key in
+                   ("dataset", "model", "adapter", "settings", "metrics", "problems")}
+        if out is not None:
+            write_results(out, results)
+        return results
+
+    with _seeded(seed):
+        generated = _generate_samples(
+            model, tokenizer, rows, n=n, temperature=temperature, top_p=top_p, top_k=top_k,
+            max_new_tokens=max_new_tokens, batch_size=batch_size,
+            max_prompt_length=max_prompt_length, progress=progress,
+        )
+    problems = [problem_record(i, row, samples)
+                for i, (row, samples) in enumerate(zip(rows, generated))]
+    metrics = score_problems(problems, n=n, ks=ks, maj_ks=maj_ks, maj_estimator=maj_estimator,
+                             unparsable=unparsable, answer_from=answer_from)
+    settings = {
+        "n": n, "k": ks, "maj_k": maj_ks, "temperature": temperature, "top_p": top_p,
+        "top_k": top_k, "max_new_tokens": max_new_tokens, "max_prompt_length": max_prompt_length,
+        "batch_size": batch_size, "answer_from": answer_from, "split": split,
+        "template": template, "system_prompt": system_prompt, "size": size, "seed": seed,
+        "data_path": data_path, "columns": columns, "task_kwargs": task_kwargs,
+        **_estimator_settings(maj_estimator, unparsable), "versions": _versions(),
+    }
+    results = {"dataset": name, "model": model_name, "adapter": adapter, "settings": settings,
+               "metrics": metrics, "problems": problems}
+    if out is not None:
+        write_results(out, results)
+    return results
+
+
+def rescore(
+    results: str | os.PathLike | dict,
+    *,
+    k: Any = None,
+    maj_k: Any = None,
+    maj_estimator: str | None = None,
+    unparsable: str | None = None,
+    answer_from: str | None = None,
+    out: str | os.PathLike | None = None,
+) -> dict:
+    """Recompute every score and metric from the samples stored by :func:`evaluate`.
+
+    Nothing is generated: the stored completion texts are judged again (answers re-extracted,
+    compared with the gold answer or the reasoning-gym scorer) and pass@k / maj@k recomputed,
+    optionally with other ``k``, ``maj_k``, ``maj_estimator``, ``unparsable`` or
+    ``answer_from`` (None keeps the stored setting). MMLU
+    results are recomputed from the stored choice log-likelihoods.
+
+    Args:
+        results: the path of a results JSON file or the dict :func:`evaluate` returned (not
+            modified).
+        out: write the rescored results there.
+
+    Returns:
+        A new results dict, same layout as :func:`evaluate`'s.
+    """
+    if isinstance(results, (str, os.PathLike)):
+        try:
+            with open(results, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            raise ValueError(f"results: file {os.fspath(results)!r} not found") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"results: {os.fspath(results)!r} is not valid JSON: {exc}") from None
+    elif isinstance(results, dict):
+        data = json.loads(json.dumps(results))  # a deep copy, JSON types only
+    else:
+        raise ValueError(f"results: expected a path or a dict, got {type(results).__name__}")
+    for key in ("settings", "metrics", "problems"):
+        if key not in data:
+            raise ValueError(f"results: no {key!r} entry; is it the output of gtpo eval?")
+    settings = data["settings"]
+    problems = data["problems"]
+    if settings.get("kind") == "mmlu":
+        data["metrics"] = mmlu_metrics(problems)
+    else:
+        n = int(settings["n"])
+        ks = parse_k_list(settings["k"] if k is None else k, n, "k")
+        maj_ks = parse_k_list(settings["maj_k"] if maj_k is None else maj_k, n, "maj_k")
+        maj_estimator = maj_estimator or settings.get("maj_estimator", "expected")
+        unparsable = unparsable or settings.get("unparsable", "abstain")
+        answer_from = answer_from or settings.get("answer_from", "auto")
+        _check_choice(maj_estimator, MAJ_ESTIMATORS, "maj_estimator")
+        _check_choice(unparsable, UNPARSABLE_MODES, "unparsable")
+        data["metrics"] = score_problems(problems, n=n, ks=ks, maj_ks=maj_ks,
+                                         maj_estimator=maj_estimator, unparsable=unparsable,
+                                         answer_from=answer_from)
+        settings.update({"k": ks, "maj_k": maj_ks, "answer_from": answer_from,
+                         **_estimator_settings(maj_estimator, unparsable)})
+    if out is not None:
+        write_results(out, data)
+    return data
+
+
+def evaluate_during_training(
+    model,
+    tokenizer,
+    dataset: Any,
+    *,
+    n: int = 1,
+    k_list: Sequence[int] = (1,),
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    batch_size: int | None = 64,
+    reward_fn: Callable[..., list] | str | None = None,
+    correct_threshold: float = CORRECT_SCORE,
+    top_p: float = 1.0,
+    answer_from: str = "auto",
+    max_prompt_length: int | None = None,
+    maj_estimator: str = "expected",
+    unparsable: str = "abstain",
+    seed: int = 0,
+) -> dict[str, float]:
+    """A cheap evaluation for the trainer's ``eval_steps``: flat ``eval/*`` metrics.
+
+    Greedy mode (``temperature <= 0``): one greedy completion per problem (``n`` is ignored)
+    and ``eval/accuracy_greedy``. Sampling mode: ``n`` completions per problem,
+    ``eval/pass@k`` for every ``k`` in ``k_list`` and ``eval/maj@k`` for every ``k > 1``
+    there. Both modes add ``eval/format_rate``, ``eval/mean_length``,
+    ``eval/truncated_frac``, ``eval/unparsable_frac`` and ``eval/mean_score``.
+
+    The model is switched to eval mode and back, nothing gets gradients, and sampling is seeded
+    with ``seed`` inside a forked RNG, so the training run's random stream is unchanged.
+
+    Args:
+        model: the policy (unwrapped: a ``PreTrainedModel`` or a peft model).
+        tokenizer: its tokenizer.
+        dataset: rows with ``prompt`` and ``answer`` (``gtpo.data.load_task``), a
+            ``datasets.Dataset`` or a list of dicts.
+        reward_fn: optional correctness reward (TRL's contract, called with the row's columns
+            and ``completion_ids``; or a ``gtpo.rewards.resolve_reward`` spec); a sample counts
+            as correct when it returns ``>= correct_threshold`` (default 1.0: use a correctness
+            reward, or set the threshold, e.g. 20 for the paper's [0, 20] reward). Default: the
+            reasoning-gym scorer for rows with ``rg_entry``, else math-verify against
+            ``answer``.
+        Others: as :func:`evaluate`.
+
+    Returns:
+        ``{"eval/<metric>": float}``.
+    """
+    rows = dataset.to_list() if hasattr(dataset, "to_list") else [dict(r) for r in dataset]
+    if not rows:
+        raise ValueError("eval dataset: it has no rows")
+    greedy = temperature <= 0
+    n = 1 if greedy else as_count(n, "n")
+    if n == 0:
+        raise ValueError("n must be >= 1, got 0")
+    ks = [1] if greedy else parse_k_list(list(k_list), n, "k_list")
+    maj_ks = [] if greedy else [k for k in ks if k > 1]
+    with _seeded(seed):
+        generated = _generate_samples(
+            model, tokenizer, rows, n=n, temperature=max(temperature, 0.0), top_p=top_p, top_k=0,
+            max_new_tokens=max_new_tokens, batch_size=batch_size,
+            max_prompt_length=max_prompt_length, progress=False, keep_ids=reward_fn is not None,
+        )
+    problems = [problem_record(i, row, samples)
+                for i, (row, samples) in enumerate(zip(rows, generated))]
+    metrics = score_problems(problems, rows=rows, n=n, ks=ks, maj_ks=maj_ks,
+                             maj_estimator=maj_estimator, unparsable=unparsable,
+                             answer_from=answer_from, reward_fn=reward_fn,
+                             correct_threshold=correct_threshold)
+    out = {}
+    if greedy:
+        out["eval/accuracy_greedy"] = metrics["pass@1"]
+    else:
+        for k in ks:
+            out[f"eval/pass@{k}"] = metrics[f"pass@{k}"]
+        for k in maj_ks:
+            out[f"eval/maj@{k}"] = metrics[f"maj@{k}"]
+    for key in ("format_rate", "mean_length", "truncated_frac", "unparsable_frac", "mean_score"):
+        out[f"eval/{key}"] = float(metrics[key])
+    return out
+
+
+def _percent(value: float) -> str:
+    """``0.256`` -> ``"25.6"``; ``"nan"`` for NaN."""
+    return "nan" if value != value else f"{100.0 * value:.1f}"
+
+
+def format_table(results: dict) -> str:
+    """A plain-text table of the metrics of :func:`evaluate` / :func:`rescore` results."""
+    metrics = results["metrics"]
+    head = (f"dataset: {results.get('dataset')}   model: {results.get('model')}"
+            + (f"   adapter: {results['adapter']}" if results.get("adapter") else ""))
+    lines = [head]
+    if results.get("settings", {}).get("kind") == "mmlu":
+        lines.append(f"problems: {metrics['n_problems']}   scoring: answer-letter log-likelihood")
+        width = max([len("overall (macro)")] + [len(s) for s in metrics["by_subject"]])
+        lines.append(f"{'subject':<{width}}  {'n':>6}  {'acc %':>6}")
+        for subject, v in metrics["by_subject"].items():
+            lines.append(f"{subject:<{width}}  {v['n']:>6}  {_percent(v['accuracy']):>6}")
+        lines.append(f"{'overall':<{width}}  {metrics['n_problems']:>6}  "
+                     f"{_percent(metrics['accuracy']):>6}")
+        lines.append(f"{'overall (macro)':<{width}}  {'':>6}  "
+                     f"{_percent(metrics['accuracy_macro']):>6}")
+        return "\n".join(lines)
+    settings = results.get("settings", {})
+    lines.append(f"problems: {metrics['n_problems']}   samples/problem: {settings.get('n')}   "
+                 f"temperature: {settings.get('temperature')}   maj estimator: "
+                 f"{settings.get('maj_estimator')}")
+    rows = [(key, _percent(value) + " %") for key, value in metrics.items()
+            if key.startswith(("pass@", "maj@"))]
+    rows += [("format_rate", _percent(metrics["format_rate"]) + " %"),
+             ("unparsable_frac", _percent(metrics["unparsable_frac"]) + " %"),
+             ("truncated_frac", _percent(metrics["truncated_frac"]) + " %"),
+             ("mean_length", f"{metrics['mean_length']:.1f} tok"),
+             ("mean_score", f"{metrics['mean_score']:.3f}")]
+    width = max(len(r[0]) for r in rows)
+    lines.append(f"{'metric':<{width}}  value")
+    lines += [f"{name:<{width}}  {value}" for name, value in rows]
+    return "\n".join(lines)
