@@ -224,7 +224,7 @@ class GTPOConfig:
     )
     decode_loop: bool = _f(
         True,
-        "Sample with gtpo's decoding loop (gtpo.rollout.decode) where the settings allow it (temperature, top_p, "
+        "Sample with gtpo's decoding loop (gtpo.decode.decode) where the settings allow it (temperature, top_p, "
         "top_k, min_new_tokens; a plain full-attention KV cache; no repetition penalty): the model's forward on its "
         "KV cache with transformers' logits processors, without generate's per-token bookkeeping, with inverse-CDF "
         "sampling (one uniform number per completion instead of torch.multinomial's one per vocabulary entry), and "
