@@ -45,3 +45,34 @@ def test_two_process_ddp(tiny_model_path, tmp_path):
 
     init = dict(AutoModelForCausalLM.from_pretrained(tiny_model_path).named_parameters())
     assert any(not torch.equal(init[n], w0[n]) for n in w0 if n in init)
+
+
+@pytest.mark.slow
+def test_readme_accelerate_command(tiny_model_path, tmp_path):
+    """`accelerate launch --config_file configs/accelerate/cpu_ddp_2proc.yaml -m gtpo.cli train CONFIG.yaml`,
+    exactly as the README writes it: two processes, groups split across them, one run directory."""
+    import yaml
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {a} + 1?", "answer": str(a + 1)}) + "\n" for a in range(6)))
+    out = tmp_path / "out"
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "model": tiny_model_path, "dataset": {"name": str(data), "template": "plain"},
+        "reward_funcs": ["last_number_correctness", "format_soft"], "output_dir": str(out), "group_size": 4,
+        "prompts_per_step": 2, "max_steps": 2, "max_completion_length": 6, "save_steps": 1, "disable_tqdm": True,
+        "entropy_threshold": 100.0, "learning_rate": 1e-3,
+    }))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    port = str(29600 + os.getpid() % 1000)
+    cmd = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--config_file",
+           os.path.join(root, "configs", "accelerate", "cpu_ddp_2proc.yaml"), "--main_process_port", port,
+           "-m", "gtpo.cli", "train", str(cfg)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [line["step"] for line in lines] == [1, 2]  # written once, by the main process
+    config = json.loads((out / "run_config.json").read_text())
+    assert config["num_processes"] == 2
+    assert os.path.isfile(out / "model.safetensors") and os.path.isdir(out / "checkpoint-2")

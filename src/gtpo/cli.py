@@ -362,7 +362,7 @@ def run_train(spec: dict[str, Any], *, source: str, argv: list[str] | None = Non
     model_spec = str(run["model"])
     if run["sft_warmup"]:
         model_spec = _sft_warmup(model_spec, train_ds, run, config)
-    model, tokenizer = load_model_and_tokenizer(model_spec)
+    model, tokenizer = load_model_and_tokenizer(model_spec, **(config.model_init_kwargs or {}))
     peft_config = build_peft_config(run["peft"])
     probes = {k: tuple(v) for k, v in (run["probes"] or {}).items()}
 
@@ -370,7 +370,9 @@ def run_train(spec: dict[str, Any], *, source: str, argv: list[str] | None = Non
     before = None
     from accelerate import PartialState
 
-    state = PartialState()
+    from .trainer import cpu_only
+
+    state = PartialState(cpu=cpu_only())  # as the trainer's Accelerator: the process state is a singleton
     if run["eval_before_after"] and eval_ds is not None and not resume and state.is_main_process:
         before = _greedy_accuracy(model, tokenizer, eval_ds, eval_reward, config)
         print(f"greedy accuracy before training: {before:.1%} on {len(eval_ds)} held-out problems", flush=True)

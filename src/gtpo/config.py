@@ -258,7 +258,18 @@ class GTPOConfig:
         "Token rows per chunk in the chunked log-prob/entropy head (the (N, T, V) logits never exist at "
         "once). None picks a size from the vocabulary.",
     )
-    bf16: bool = _f(False, "Train in bfloat16 mixed precision (GPU).")
+    model_init_kwargs: dict[str, Any] | None = _f(
+        None,
+        "Keyword arguments of AutoModelForCausalLM.from_pretrained when model is a name or path (as TRL's "
+        "GRPOConfig.model_init_kwargs): dtype ('auto', 'bfloat16', 'float16', 'float32'; default float32), "
+        "attn_implementation ('eager', 'sdpa', 'flash_attention_2', ...), quantization_config (a mapping of "
+        "transformers.BitsAndBytesConfig fields, e.g. {load_in_4bit: true, bnb_4bit_quant_type: nf4, "
+        "bnb_4bit_compute_dtype: bfloat16}: a 4-bit base trained through a LoRA adapter, i.e. QLoRA; needs "
+        "bitsandbytes and a peft config), device_map, ... Generation and the training forward run in that dtype; "
+        "log-probs and entropies are computed in float32 from the hidden states. [C] trains a 4-bit base with "
+        "LoRA r=128.",
+    )
+    bf16: bool = _f(False, "Train in bfloat16 mixed precision (autocast; GPU, or CPUs with bf16 support).")
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass to save memory.")
     log_policy_change: bool = _f(
         False,
@@ -477,6 +488,7 @@ class GTPOConfig:
             isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in self.reward_weights
         ):
             raise ValueError(f"GTPOConfig.reward_weights must be a list of finite numbers, got {self.reward_weights!r}")
+        _check_model_init_kwargs(self.model_init_kwargs)
         if not self.eval_k or any((not isinstance(k, int)) or k < 1 for k in self.eval_k):
             raise ValueError(f"GTPOConfig.eval_k must be a non-empty list of integers >= 1, got {self.eval_k!r}")
 
@@ -580,6 +592,28 @@ class GTPOConfig:
             combine=self.conflict_combine,
             count=self.conflict_count,
         )
+
+
+# ----------------------------------------------------------------------------- model loading options
+MODEL_DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+def _check_model_init_kwargs(kwargs: Any) -> None:
+    """``model_init_kwargs``: a mapping; ``dtype`` one of :data:`MODEL_DTYPES`; ``quantization_config``
+    a mapping (of ``transformers.BitsAndBytesConfig`` fields)."""
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ValueError(f"GTPOConfig.model_init_kwargs must be a mapping of from_pretrained arguments, got {kwargs!r}")
+    if "torch_dtype" in kwargs:
+        raise ValueError("GTPOConfig.model_init_kwargs: use 'dtype' (transformers >= 4.56), not 'torch_dtype'")
+    dtype = kwargs.get("dtype")
+    if dtype is not None and dtype not in MODEL_DTYPES:
+        raise ValueError(f"GTPOConfig.model_init_kwargs.dtype must be one of {list(MODEL_DTYPES)}, got {dtype!r}")
+    quant = kwargs.get("quantization_config")
+    if quant is not None and not isinstance(quant, dict):
+        raise ValueError("GTPOConfig.model_init_kwargs.quantization_config must be a mapping of BitsAndBytesConfig "
+                         f"fields (e.g. {{load_in_4bit: true, bnb_4bit_quant_type: nf4}}), got {quant!r}")
 
 
 # ----------------------------------------------------------------------------- type checks

@@ -51,6 +51,25 @@ def unwrap_peft(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def keep_4bit_weights_trainable(model) -> int:
+    """Stop bitsandbytes from repacking 4-bit weights for CPU inference; returns how many layers.
+
+    bitsandbytes (0.50) converts a ``Linear4bit`` weight to an AVX512-BF16 "packed for CPU" layout the
+    first time the layer runs in eval mode on a CPU input without gradient (e.g. while sampling), and
+    from then on multiplies with a kernel that has no backward: the gradient stops at every 4-bit
+    layer and the adapters of all earlier modules silently stop learning (measured on a tiny Llama:
+    zero gradients for the q/k/v/gate/up adapters after one ``generate``). Switching the repack off
+    keeps the weights in the trainable layout; sampling uses bitsandbytes' generic kernel instead.
+    GPUs are not affected.
+    """
+    count = 0
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+            count += 1
+    return count
+
+
 def clear_quantization_state(model) -> None:
     """Make a dequantized GGUF model save as a plain float model."""
     model.hf_quantizer = None
@@ -70,16 +89,49 @@ def load_tokenizer(spec: str):
         raise ValueError(_load_error(spec, "tokenizer", err)) from err
 
 
-def load_model(spec: str, *, dtype=None, **kwargs):
-    """Causal LM of a model spec; float32 by default (CPU training)."""
+def _torch_dtype(value):
+    """``"bfloat16"`` -> ``torch.bfloat16`` (``"auto"`` and dtypes pass through)."""
     import torch
+
+    if isinstance(value, str) and value != "auto":
+        return getattr(torch, value)
+    return value
+
+
+def model_init_kwargs(kwargs: dict | None) -> dict:
+    """``from_pretrained`` keyword arguments from a config's ``model_init_kwargs``: dtype names to
+    torch dtypes (float32 when unset: CPU training), ``quantization_config`` mappings to a
+    ``transformers.BitsAndBytesConfig`` (its ``*_dtype`` fields to torch dtypes)."""
+    import torch
+
+    out = dict(kwargs or {})
+    out["dtype"] = _torch_dtype(out.get("dtype") or torch.float32)
+    quant = out.get("quantization_config")
+    if isinstance(quant, dict):
+        from transformers import BitsAndBytesConfig
+
+        fields = {k: (_torch_dtype(v) if k.endswith("_dtype") else v) for k, v in quant.items()}
+        try:
+            out["quantization_config"] = BitsAndBytesConfig(**fields)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"model_init_kwargs.quantization_config {quant!r}: {err}") from err
+    return out
+
+
+def load_model(spec: str, **kwargs):
+    """Causal LM of a model spec. ``kwargs``: ``from_pretrained`` arguments as a config's
+    ``model_init_kwargs`` gives them (:func:`model_init_kwargs`: dtype names, quantization mappings);
+    float32 by default (CPU training)."""
     from transformers import AutoModelForCausalLM
 
     source, gguf = _resolve(spec)
+    kwargs = model_init_kwargs(kwargs)
+    if gguf and kwargs.get("quantization_config") is not None:
+        raise ValueError(f"{spec!r} is a GGUF file, dequantized on load; quantization_config cannot apply to it")
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype or torch.float32, **({"gguf_file": gguf} if gguf else {}), **kwargs
-        )
+        model = AutoModelForCausalLM.from_pretrained(source, **({"gguf_file": gguf} if gguf else {}), **kwargs)
+    except ImportError as err:  # e.g. bitsandbytes missing for a quantization_config
+        raise ValueError(_load_error(spec, "model", err) + " (pip install bitsandbytes for 4-bit/8-bit bases)") from err
     except (OSError, ValueError) as err:
         raise ValueError(_load_error(spec, "model", err)) from err
     if gguf:
@@ -87,8 +139,8 @@ def load_model(spec: str, *, dtype=None, **kwargs):
     return model
 
 
-def load_model_and_tokenizer(spec: str, *, dtype=None, **kwargs):
-    return load_model(spec, dtype=dtype, **kwargs), load_tokenizer(spec)
+def load_model_and_tokenizer(spec: str, **kwargs):
+    return load_model(spec, **kwargs), load_tokenizer(spec)
 
 
 def _load_error(spec: str, what: str, err: Exception) -> str:

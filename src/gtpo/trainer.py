@@ -64,6 +64,29 @@ RESUMABLE_CHANGES = frozenset({
 })
 
 
+def cpu_only() -> bool:
+    """True when no accelerator device is present: the run is on CPU, and with several processes
+    (accelerate launch / torchrun) DDP over gloo. Every accelerate state of a run must be created with
+    ``cpu=cpu_only()``: accelerate's process state is a singleton, and one created first without it
+    (``PartialState()``) makes every process of a CPU launch a single-process run."""
+    return not (torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()))
+
+
+def check_distributed_type(distributed_type) -> None:
+    """Refuse the accelerate setups this trainer does not implement (FSDP, DeepSpeed): it samples with the
+    unwrapped model, saves model and optimizer from the main process and steps the optimizer itself, all
+    of which assume every process holds the whole model. DDP (several processes, each a full replica)
+    and single-device runs are what it supports; TRL's engine runs GTPO under FSDP and DeepSpeed."""
+    name = getattr(distributed_type, "value", str(distributed_type)).upper()
+    if name in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+        raise ValueError(
+            f"gtpo's own trainer does not support accelerate's {name} (it samples with the unwrapped model and saves "
+            "model and optimizer from the main process, which assumes full replicas): launch it with plain DDP "
+            "(accelerate launch --multi_gpu --num_processes N -m gtpo.cli train ...), or train with TRL's engine, "
+            "which shards with FSDP/DeepSpeed: engine: trl in the YAML (--engine trl)"
+        )
+
+
 @dataclass
 class UpdateInputs:
     """What the update needs besides the rollout and the advantages (this process's ``N`` rows).
@@ -131,23 +154,22 @@ class GTPOTrainer:
         from accelerate.utils import set_seed
         from transformers import get_scheduler
 
-        from .models import load_model, load_tokenizer
+        from .models import keep_4bit_weights_trainable, load_model, load_tokenizer
         from .rewards import resolve_reward
 
         self.args = args = args if args is not None else GTPOConfig()
         if not isinstance(args, GTPOConfig):
             raise ValueError(f"args must be a GTPOConfig, got {type(args).__name__}")
         args.validate()
-        # no accelerator device: CPU, and with several processes (accelerate launch / torchrun) DDP over gloo
-        no_device = not (torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()))
         self.accelerator = acc = Accelerator(mixed_precision="bf16" if args.bf16 else "no",
                                              log_with=list(args.report_to) or None, project_dir=args.output_dir,
-                                             cpu=no_device)
+                                             cpu=cpu_only())
         if args.prompts_per_step % acc.num_processes:
             raise ValueError(
                 f"GTPOConfig.prompts_per_step ({args.prompts_per_step}) must be divisible by the number of "
                 f"processes ({acc.num_processes}): each process holds whole groups"
             )
+        check_distributed_type(acc.distributed_type)
         self.local_prompts = args.prompts_per_step // acc.num_processes
         set_seed(args.seed, device_specific=True)
         self.run_dir = RunDirectory(args.output_dir, acc)
@@ -167,7 +189,16 @@ class GTPOTrainer:
             logger.warning("the tokenizer has no pad token: using its EOS token %r as pad", tok.eos_token)
             tok.pad_token = tok.eos_token
         tok.padding_side = "left"
-        base_model = load_model(model) if isinstance(model, str) else self._check_model(model)
+        base_model = load_model(model, **(args.model_init_kwargs or {})) if isinstance(model, str) \
+            else self._check_model(model)
+        if getattr(base_model, "is_quantized", False):  # QLoRA: a 4-bit/8-bit base trains through an adapter
+            if peft_config is None:
+                raise ValueError("the model's base is quantized (model_init_kwargs.quantization_config): only an "
+                                 "adapter can be trained on it; give a peft config (peft: {r: ...} in the YAML)")
+            from peft import prepare_model_for_kbit_training
+
+            base_model = prepare_model_for_kbit_training(base_model, use_gradient_checkpointing=False)
+            keep_4bit_weights_trainable(base_model)
         if args.gradient_checkpointing:
             base_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if peft_config is not None and hasattr(base_model, "enable_input_require_grads"):

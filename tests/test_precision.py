@@ -1,0 +1,142 @@
+"""Real precision and quantization (issue 15): bf16 weights end to end on CPU, a 4-bit base with LoRA
+(QLoRA through bitsandbytes, on CPU), float32 log-probs from low-precision hidden states, and the
+accelerate setups the trainer refuses."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from gtpo import GTPOConfig, GTPOTrainer
+
+PROMPTS = [f"What is {a} + {b}?" for a, b in [(1, 2), (3, 4), (5, 6), (7, 8)]]
+ROWS = [{"prompt": p} for p in PROMPTS]
+
+
+def digit_reward(completions, **kwargs):
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) + 0.01 * len(c) for c in completions]
+
+
+def config(tmp_path, **kw):
+    base = dict(output_dir=str(tmp_path / "run"), group_size=4, prompts_per_step=2, max_steps=2,
+                max_completion_length=6, learning_rate=1e-2, save_steps=0, log_completions_steps=0,
+                disable_tqdm=True, seed=0, lr_scheduler_type="constant", entropy_threshold=100.0)
+    base.update(kw)
+    return GTPOConfig(**base)
+
+
+def test_bf16_weights_end_to_end(tiny_model_path, tmp_path):
+    from safetensors import safe_open
+
+    trainer = GTPOTrainer(tiny_model_path, digit_reward, ROWS, args=config(tmp_path, model_init_kwargs={"dtype": "bfloat16"}))
+    model = trainer.unwrapped_model
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    seen = []
+    real = trainer.loss_fn
+
+    def spy(logp, *args, **kwargs):
+        seen.append(logp.dtype)
+        return real(logp, *args, **kwargs)
+
+    trainer.loss_fn = spy
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    metrics = trainer.train()
+    assert seen and set(seen) == {torch.float32}  # log-probs (and entropies) in float32 from bf16 hidden states
+    assert all(v == v for k, v in metrics.items() if isinstance(v, float))  # no NaN
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    with safe_open(os.path.join(trainer.args.output_dir, "model.safetensors"), "pt") as fh:
+        assert {fh.get_slice(k).get_dtype() for k in fh.keys()} == {"BF16"}  # saved in the chosen dtype
+
+
+def test_qlora_4bit_base_on_cpu(tiny_model_path, tmp_path):
+    pytest.importorskip("bitsandbytes")
+    from peft import LoraConfig
+
+    quant = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": "bfloat16",
+             "bnb_4bit_use_double_quant": True}
+    cfg = config(tmp_path, model_init_kwargs={"dtype": "bfloat16", "quantization_config": quant})
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
+    trainer = GTPOTrainer(tiny_model_path, digit_reward, ROWS, args=cfg, peft_config=lora)
+    model = trainer.unwrapped_model
+    q_proj = model.get_base_model().model.layers[0].self_attn.q_proj.base_layer
+    assert type(q_proj).__name__ == "Linear4bit" and q_proj.weight.dtype == torch.uint8  # a 4-bit base
+    adapters = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    assert adapters and all("lora_" in n for n in adapters)
+    trainer.train()  # samples (eval mode, no grad) before every update: bitsandbytes must not repack for CPU
+    assert not getattr(q_proj.weight.quant_state, "packing_format_for_cpu", False)
+    for n, p in model.named_parameters():
+        if n in adapters:  # every adapter learns: the gradient crosses every 4-bit layer
+            assert not torch.equal(adapters[n], p), f"adapter parameter {n} did not change"
+    saved = json.load(open(os.path.join(cfg.output_dir, "adapter_config.json")))
+    assert saved["r"] == 4
+
+
+def test_quantized_base_needs_an_adapter(tiny_model_path, tmp_path):
+    pytest.importorskip("bitsandbytes")
+    cfg = config(tmp_path, model_init_kwargs={"quantization_config": {"load_in_4bit": True}})
+    with pytest.raises(ValueError, match="only an adapter can be trained"):
+        GTPOTrainer(tiny_model_path, digit_reward, ROWS, args=cfg)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"dtype": "bf16"}, r"model_init_kwargs.dtype must be one of \['auto', 'bfloat16', 'float16', 'float32'\]"),
+    ({"torch_dtype": "bfloat16"}, "use 'dtype'"),
+    ({"quantization_config": "4bit"}, "quantization_config must be a mapping"),
+    ("bfloat16", "must be a mapping of from_pretrained arguments"),
+])
+def test_model_init_kwargs_errors_name_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GTPOConfig(model_init_kwargs=kwargs)
+
+
+def test_yaml_model_init_kwargs_reach_from_pretrained(tiny_model_path, tmp_path):
+    from gtpo.cli import split_spec
+    from gtpo.models import load_model
+
+    _run, cfg = split_spec({"model_init_kwargs": {"dtype": "bfloat16", "attn_implementation": "eager"}}, source="x")
+    model = load_model(tiny_model_path, **cfg.model_init_kwargs)
+    assert model.dtype == torch.bfloat16 and model.config._attn_implementation == "eager"
+    assert load_model(tiny_model_path).dtype == torch.float32  # the default: CPU training
+
+
+@pytest.mark.parametrize("kind", ["FSDP", "DEEPSPEED"])
+def test_sharded_setups_are_refused_pointing_to_the_trl_engine(kind):
+    from accelerate.utils import DistributedType
+
+    from gtpo.trainer import check_distributed_type
+
+    with pytest.raises(ValueError, match=rf"does not support accelerate's {kind}.*engine: trl"):
+        check_distributed_type(getattr(DistributedType, kind))
+    check_distributed_type(DistributedType.MULTI_CPU)  # DDP: supported
+    check_distributed_type(DistributedType.NO)
+
+
+def test_paper_configs_load_a_4bit_base():
+    from gtpo.cli import load_yaml, split_spec
+    from gtpo.models import model_init_kwargs
+
+    root = os.path.join(os.path.dirname(__file__), "..", "configs", "paper")
+    for name in sorted(os.listdir(root)):
+        _run, cfg = split_spec(load_yaml(os.path.join(root, name)), source=name)
+        kwargs = model_init_kwargs(cfg.model_init_kwargs)
+        assert kwargs["dtype"] == torch.bfloat16, name
+        quant = kwargs["quantization_config"]
+        assert quant.load_in_4bit and quant.bnb_4bit_quant_type == "nf4", name
+        assert quant.bnb_4bit_compute_dtype == torch.bfloat16, name
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_on_cpu_as_a_smoke_test(tmp_path):
+    """bench/gpu_check.py is run on lent GPUs only; its code path is kept working here (--cpu --quick)."""
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "..", "bench", "gpu_check.py")
+    env = {**os.environ, "OUT": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, script, "--cpu", "--quick"], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    for name in ("gtpo bf16", "gtpo bf16 + LoRA"):
+        assert result["results"][name]["tokens_per_s"] > 0
