@@ -476,3 +476,55 @@ def test_two_processes_with_groups_spanning_them_match_one_process(tiny_model_pa
     assert any(not torch.equal(init[n], w1[n]) for n in w1)
     for name in w1:
         assert torch.allclose(w1[name], w2[name], atol=1e-5), name
+
+
+# ------------------------------------------------------------------------------------ (e) the CLI
+def test_cli_engine_trl_end_to_end(tiny_model_path, tmp_path, capsys):
+    import yaml
+
+    from gtpo.cli import main, split_spec
+
+    data = tmp_path / "train.jsonl"
+    with open(data, "w") as fh:
+        for a, b in [(1, 2), (3, 4), (5, 1), (2, 2)]:
+            fh.write(json.dumps({"question": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n")
+    out_dir = tmp_path / "out"
+    spec = {
+        "model": tiny_model_path, "dataset": {"name": str(data), "template": "plain"},
+        "reward_funcs": ["last_number_correctness", "format_soft"], "output_dir": str(out_dir),
+        "group_size": 4, "prompts_per_step": 2, "micro_batch_size": 4, "max_steps": 2, "max_completion_length": 6,
+        "save_steps": 1, "disable_tqdm": True, "entropy_rule": "initial", "entropy_threshold": 0.6931,
+        "peft": {"r": 4}, "learning_rate": 1e-3,
+    }
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(spec))
+    # TRL's options belong to engine trl: a clear error under gtpo's engine
+    with pytest.raises(ConfigError, match="engine: trl"):
+        split_spec({**spec, "use_vllm": True}, source="run.yaml")
+    with pytest.raises(ConfigError, match="option of TRL's GRPOConfig"):
+        split_spec({**spec, "per_device_train_batch_size": 2}, source="run.yaml")
+    with pytest.raises(ConfigError, match="unknown config field 'per_device_train_batch_sise'"):
+        split_spec({**spec, "engine": "trl", "per_device_train_batch_sise": 2}, source="run.yaml")
+    with pytest.raises(ConfigError, match="use group_size"):
+        split_spec({**spec, "engine": "trl", "num_generations": 4}, source="run.yaml")
+    with pytest.raises(ConfigError, match="engine must be one of"):
+        split_spec({**spec, "engine": "verl"}, source="run.yaml")
+    run, _ = split_spec({**spec, "engine": "trl", "use_vllm": False, "push_to_hub": False}, source="run.yaml")
+    assert run["trl"] == {"use_vllm": False, "push_to_hub": False}
+
+    assert main(["train", str(cfg), "--per_device_train_batch_size", "2"]) == 2
+    assert "set `engine: trl`" in capsys.readouterr().err
+
+    assert main(["train", str(cfg), "--engine", "trl", "--seed", "1", "--logging_steps", "1"]) == 0
+    assert os.path.isfile(out_dir / "adapter_model.safetensors")
+    assert os.path.isfile(out_dir / "checkpoint-2" / "gtpo_state.json")
+    lines = [json.loads(line) for line in open(out_dir / "metrics.jsonl")]
+    steps = [line for line in lines if "reward/mean" in line]
+    assert [line["step"] for line in steps] == [1, 2]
+    assert steps[0]["gtpo/initial_entropy"] > 0.6931 and steps[0]["gtpo/filtered_frac"] == 0.0
+    assert "entropy/mean" in steps[0] and "gtpo/conflict_frac" in steps[0]
+    run_config = json.loads((out_dir / "run_config.json").read_text())
+    assert run_config["engine"] == "trl" and run_config["entropy_rule"] == "initial"
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["engine"] == "trl" and summary["steps"] == 2
+    assert os.path.isfile(out_dir / "report" / "report.md")
