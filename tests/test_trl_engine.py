@@ -235,6 +235,21 @@ def test_from_gtpo_config_maps_the_batch_and_the_loss_types(tmp_path):
         TRLGTPOConfig.from_gtpo_config(GTPOConfig(loss_type="grpo", conflict_masks=True, group_size=4), use_cpu=True)
 
 
+def test_trl_parser_reads_gtpo_fields(tmp_path):
+    """TRL's own command-line / YAML parser (TrlParser) takes TRLGTPOConfig, GTPO's fields included."""
+    from trl import TrlParser
+
+    parser = TrlParser((TRLGTPOConfig,))
+    (args,) = parser.parse_args_and_config([
+        "--output_dir", str(tmp_path), "--use_cpu", "--bf16", "false", "--pos_weight", "3", "--entropy_rule", "initial",
+        "--divide_by_conflict_count", "false", "--num_generations", "4", "--per_device_train_batch_size", "4",
+        "--gamma", "0.05"])
+    assert (args.loss_type, args.scale_rewards, args.pos_weight, args.entropy_rule, args.divide_by_conflict_count,
+            args.gamma, args.entropy_filter) == ("gtpo", "none", 3.0, "initial", False, 0.05, None)
+    with pytest.raises(ValueError, match="TRLGTPOConfig.conflict_combine"):
+        parser.parse_args_and_config(["--output_dir", str(tmp_path), "--use_cpu", "--conflict_combine", "sum"])
+
+
 def test_importing_gtpo_needs_no_trl():
     code = ("import sys; import gtpo, gtpo.integrations, gtpo.cli; from gtpo import GTPOConfig; "
             "print('trl' in sys.modules)")
@@ -388,6 +403,52 @@ def test_overlong_penalty_is_a_reward_function(tiny_model_path, tmp_path):
     assert penalty == [-(max(len(c) - 4, 0) / 4) * 2.0 for c in C]
 
 
+def test_trl_per_token_multipliers_multiply_the_conflict_weights(tiny_model_path, tmp_path):
+    """vLLM's importance-sampling ratio (token or sequence level) and the off-policy mask multiply lambda in
+    GTPO's loss (simulated: no vLLM on CPU); gtpo/weighted_token_frac still counts lambda != 1 only."""
+    trainer = trl_trainer(tiny_model_path, tmp_path, entropy_threshold=100.0)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    batch = trainer._generate_and_score_completions([{"prompt": f"p{i // G}"} for i in range(P * G)])
+    mask = batch["completion_mask"]
+    torch.manual_seed(0)
+    for shape in [mask.shape, (mask.shape[0], 1)]:
+        ratio = torch.rand(shape) + 0.5
+        trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
+        trainer.off_policy_mask_threshold = None
+        loss = trainer.compute_loss(trainer.model, {**batch, "importance_sampling_ratio": ratio})
+        trainer.use_vllm = False
+        logp, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
+            torch.cat([batch["prompt_mask"], mask], 1), mask.size(1))
+        effective, _ = entropy_control(batch["advantages"], batch["gtpo_seq_entropy"] if "gtpo_seq_entropy" in batch
+                                       else masked_mean(_entropies(trainer, batch), mask, dim=1),
+                                       **trainer.gtpo_config.shaping_kwargs())
+        expected = gtpo_loss(logp, mask, effective, token_weights=batch["gtpo_token_weights"] * ratio,
+                             n_conflict=batch["gtpo_n_conflict"], completion_reduction="mean",
+                             num_sequences=mask.shape[0]).loss * G
+        assert float(loss) == pytest.approx(float(expected), abs=1e-6)
+    assert trainer._metrics["train"]["gtpo/weighted_token_frac"][-1] == pytest.approx(
+        float(((batch["gtpo_token_weights"] != 1).float() * mask).sum() / mask.sum()))
+    # the off-policy sequence mask: negative-advantage completions far from the sampling policy are dropped
+    trainer.off_policy_mask_threshold = 0.5
+    far = {**batch, "sampling_per_token_logps": torch.zeros_like(mask, dtype=torch.float32)}  # KL >> 0.5
+    loss_masked = trainer.compute_loss(trainer.model, far)
+    keep = (batch["advantages"] >= 0).float()[:, None]
+    expected = gtpo_loss(logp, mask, effective, token_weights=batch["gtpo_token_weights"] * keep,
+                         n_conflict=batch["gtpo_n_conflict"], completion_reduction="mean",
+                         num_sequences=mask.shape[0]).loss * G
+    assert float(loss_masked) == pytest.approx(float(expected), abs=1e-6)
+
+
+def _entropies(trainer, batch):
+    with torch.no_grad():
+        return trainer._get_per_token_logps_and_entropies(
+            trainer.model, torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
+            torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1), batch["completion_ids"].size(1),
+            compute_entropy=True)[1]
+
+
 # ---------------------------------------------------------------------- (b) LoRA, split groups
 def test_lora_training_with_groups_split_over_micro_batches(tiny_model_path, tmp_path):
     from datasets import Dataset
@@ -399,11 +460,13 @@ def test_lora_training_with_groups_split_over_micro_batches(tiny_model_path, tmp
     args = TRLGTPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, gradient_accumulation_steps=2,
                          steps_per_generation=4, num_generations=4, max_completion_length=8, max_steps=4,
                          logging_steps=1, learning_rate=5e-3, entropy_threshold=100.0, num_iterations=2,
+                         temperature=0.7, logprob_temperature=1.0, eval_strategy="steps", eval_steps=4,
+                         per_device_eval_batch_size=4, num_generations_eval=2,
                          **{**TRAINING, "save_strategy": "steps"}, save_steps=2)
     data = Dataset.from_dict({"prompt": [f"What is {i} + {i + 1}?" for i in range(16)]})
     lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
     trainer = TRLGTPOTrainer(model=tiny_model_path, reward_funcs=reward_len, args=args, train_dataset=data,
-                             peft_config=lora)
+                             eval_dataset=data.select(range(2)), peft_config=lora)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert before and all("lora" in n for n in before)
     trainer.train()
@@ -418,6 +481,17 @@ def test_lora_training_with_groups_split_over_micro_batches(tiny_model_path, tmp
     assert all(h["gtpo/filtered_frac"] == 0.0 and h["entropy"] > 5 for h in logs)  # random model: ~6 nats
     assert "gtpo/conflict_frac" in logs[0] and "gtpo/n_conflict_mean" in logs[0]
     assert os.path.isfile(tmp_path / "checkpoint-2" / "gtpo_state.json")
+    evals = [h for h in trainer.state.log_history if "eval_loss" in h]  # TRL's evaluation, GTPO's loss (G = 2)
+    assert len(evals) == 1 and "eval_gtpo/filtered_frac" in evals[0] and "eval_gtpo/conflict_frac" in evals[0]
+    # log-probs and entropies of the PEFT model at logprob_temperature (1.0), not the sampling temperature
+    prompt_ids, prompt_mask, completion_ids, completion_mask, _ = fixed_tensors()
+    with torch.no_grad():
+        logp, ent, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1),
+            completion_ids.size(1), compute_entropy=True)
+        ref_logp, ref_ent = direct_logp_entropy(trainer.model, 1.0)
+    m = completion_mask.bool()
+    assert torch.allclose(logp[m], ref_logp[m], atol=1e-5) and torch.allclose(ent[m], ref_ent[m], atol=1e-5)
 
 
 def test_initial_entropy_is_saved_and_restored_on_resume(tiny_model_path, tmp_path):

@@ -586,8 +586,12 @@ class TRLGTPOTrainer(GRPOTrainer):
         forwards (generation keeps ``temperature``)."""
         from trl.trainer.utils import add_fused_lm_head
 
-        def base(m):
-            return m.get_base_model() if hasattr(m, "get_base_model") else m
+        def base(m):  # as TRL: the head is patched on the model inside a PEFT wrapper
+            try:
+                from peft import PeftModel
+            except ImportError:  # pragma: no cover - peft is a dependency of gtpo
+                return m
+            return m.get_base_model() if isinstance(m, PeftModel) else m
 
         add_fused_lm_head(base(self.model), temperature=temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32,
                           outputs=("log_probs", "entropy"))
