@@ -104,8 +104,6 @@ import json
 import logging
 import math
 import os
-import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,7 +126,8 @@ from ..losses import gtpo_loss
 from ..ops import masked_mean
 from ..scoring import overlong_penalty
 
-__all__ = ["GTPO_METHOD_FIELDS", "OverlongPenalty", "TRLGTPOConfig", "TRLGTPOTrainer", "run_train_trl"]
+__all__ = ["ENGINE_ONLY", "GTPO_METHOD_FIELDS", "OverlongPenalty", "RENAMED", "TRLGTPOConfig", "TRLGTPOTrainer",
+           "UNAVAILABLE", "check_trl_options", "effective_advantages", "run_train_trl"]
 
 logger = logging.getLogger("gtpo")
 
@@ -543,7 +542,7 @@ class TRLGTPOTrainer(GRPOTrainer):
         "citation": (
             "@article{simoni2026gtpo,\n"
             "    title   = {{GTPO: Stabilizing Group Relative Policy Optimization via Gradient and Entropy Control}},\n"
-            "    author  = {Marco Simoni and Aleksandar Fontana and Giulio Rossolini and Andrea Saracino and Paolo Mori},\n"
+            "    author  = {M. Simoni and A. Fontana and G. Rossolini and A. Saracino and P. Mori},\n"
             "    journal = {Transactions of the Association for Computational Linguistics},\n"
             "    year    = 2026,\n"
             "    eprint  = {arXiv:2508.03772},\n"
@@ -655,7 +654,7 @@ class TRLGTPOTrainer(GRPOTrainer):
         # 2. per-group inputs on whole groups: locally when this process holds whole groups (its rows are the
         #    contiguous slice `local` of the global batch), else on the gathered batch
         whole = n % G == 0
-        if whole:
+        if whole or not (cfg.resolved_conflict_masks or cfg.gamma_groups == "varying"):
             g_ids, g_mask, g_adv, rows = ids, mask, advantages, slice(0, n)
         else:
             g_ids = acc.gather(acc.pad_across_processes(ids, dim=1, pad_index=0))
