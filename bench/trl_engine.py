@@ -13,11 +13,13 @@ over the group, gamma 0.1) except ``entropy_threshold = 100`` (a random model's 
 
 What GTPO adds to a TRL step: the conflict weights and runs on the rollout batch, the exact zeros of
 zero-variance groups, the entropy control and ``gtpo_loss`` on each micro-batch, and its metrics
-(one reduce per micro-batch).
+(one reduce per micro-batch). The generation-time part is also timed inside the real steps and printed as
+a share of the step.
 
 Timing: ONE process holds both trainers, each running its own ``train()`` in a thread; a baton
 (callbacks on ``on_step_begin`` / ``on_step_end``) lets exactly one step run at a time, in the order
-TRL, GTPO, GTPO, TRL, TRL, GTPO, ... so drifts of the machine's load hit both alike. A step is timed
+TRL, GTPO, GTPO, TRL, TRL, GTPO, ... so drifts of the machine's load hit both alike (one more, untimed
+step of each follows, so that neither's end of ``train()`` overlaps a timed step). A step is timed
 from its ``on_step_begin`` to its ``on_step_end`` (generation, rewards, forward, backward, clipping,
 optimizer). The first ``--warmup`` steps of each are dropped. The overhead is the median over rounds
 of the paired ratio GTPO/TRL (the two steps of a round run back to back) minus 1; also printed: the
@@ -70,14 +72,20 @@ def interleaved_worker(spec: dict) -> dict:
             self.kind = kind
 
         def on_step_begin(self, args, state_, control, **kw):
+            # a timed step waits for its turn; the one untimed step after them waits until every timed step
+            # is done (so that the end of one trainer's train() never overlaps a timed step of the other)
             with baton:
-                ok = baton.wait_for(lambda: state["error"] is not None or order[state["turn"]] == self.kind,
-                                    timeout=BATON_TIMEOUT_S)
+                ok = baton.wait_for(lambda: state["error"] is not None or state["turn"] >= len(order)
+                                    or order[state["turn"]] == self.kind, timeout=BATON_TIMEOUT_S)
+                self.timed = state["turn"] < len(order)
             if not ok or state["error"] is not None:
                 raise RuntimeError(f"{self.kind}: the other trainer stopped ({state['error'] or 'timeout'})")
-            self.timer = common.Timer(times[self.kind], cpu[self.kind]).__enter__()
+            if self.timed:
+                self.timer = common.Timer(times[self.kind], cpu[self.kind]).__enter__()
 
         def on_step_end(self, args, state_, control, **kw):
+            if not self.timed:
+                return
             self.timer.__exit__(None, None, None)
             lengths = trainers[self.kind]._metrics["train"]["completions/mean_length"]
             tokens[self.kind].append(lengths[-1] * n_rows)
@@ -85,10 +93,21 @@ def interleaved_worker(spec: dict) -> dict:
                 state["turn"] += 1
                 baton.notify_all()
 
-    trainers["trl"] = common.trl_trainer(path, spec, os.path.join(tmp, "trl"), steps, callbacks=[Baton("trl")])
-    trainers["gtpo"] = common.trl_trainer(path, spec, os.path.join(tmp, "gtpo"), steps, callbacks=[Baton("gtpo")],
+    trainers["trl"] = common.trl_trainer(path, spec, os.path.join(tmp, "trl"), steps + 1, callbacks=[Baton("trl")])
+    trainers["gtpo"] = common.trl_trainer(path, spec, os.path.join(tmp, "gtpo"), steps + 1, callbacks=[Baton("gtpo")],
                                           config_cls=TRLGTPOConfig, trainer_cls=TRLGTPOTrainer, loss_type="gtpo",
                                           scale_rewards=None, entropy_threshold=100.0)
+
+    # GTPO's additions at generation time (exact zeros, conflict weights and runs, masks, metrics), timed
+    # inside the real steps: a noise-free view of the work the loop adds
+    inputs_time: list[float] = []
+    gtpo_inputs = trainers["gtpo"]._gtpo_inputs
+
+    def timed_inputs(batch):
+        with common.Timer(inputs_time):
+            return gtpo_inputs(batch)
+
+    trainers["gtpo"]._gtpo_inputs = timed_inputs
 
     def run(kind: str) -> None:
         try:
@@ -105,7 +124,8 @@ def interleaved_worker(spec: dict) -> dict:
         t.join()
     if state["error"]:
         raise RuntimeError(state["error"])
-    return {"times": times, "cpu": cpu, "tokens": tokens, "params": common.n_params(path)}
+    return {"times": times, "cpu": cpu, "tokens": tokens, "params": common.n_params(path),
+            "gtpo_inputs": inputs_time[:len(times["gtpo"])]}
 
 
 def main(argv=None) -> int:
@@ -148,6 +168,9 @@ def main(argv=None) -> int:
     print(f"GTPO overhead on TRL's engine: {overhead:+.1%} (median of paired step-time ratios {paired:.3f}; goal <= "
           f"{GOAL:.0%}); ratio of medians {med['gtpo'] / med['trl']:.3f}, of median CPU times "
           f"{cpu['gtpo'] / cpu['trl']:.3f}, of minima {low['gtpo'] / low['trl']:.3f}")
+    inputs_ms = common.median(res["gtpo_inputs"][w:]) * 1000
+    print(f"GTPO's generation-time inputs (conflict weights and runs, masks, metrics): median {inputs_ms:.1f} ms per "
+          f"step = {inputs_ms / 1000 / med['gtpo']:.2%} of the GTPO step")
     if args.check and overhead > GOAL:
         print("GOAL MISSED")
         return 1
