@@ -231,6 +231,11 @@ def test_from_gtpo_config_maps_the_batch_and_the_loss_types(tmp_path):
     with pytest.raises(ConfigValueError, match="not both"):
         TRLGTPOConfig.from_gtpo_config(cfg, set_fields={"prompts_per_step"}, per_device_train_batch_size=4,
                                        use_cpu=True)
+    with pytest.raises(ConfigValueError, match="not both"):  # prompts_per_step=4 differs from the default
+        TRLGTPOConfig.from_gtpo_config(cfg, per_device_train_batch_size=4, use_cpu=True)
+    own = TRLGTPOConfig.from_gtpo_config(GTPOConfig(group_size=4), per_device_train_batch_size=4,
+                                         gradient_accumulation_steps=2, use_cpu=True)  # TRL's batch, gtpo's defaults
+    assert (own.per_device_train_batch_size, own.steps_per_generation) == (4, 2)
     with pytest.raises(ConfigValueError, match="conflict_masks"):  # an ablation of gtpo's own trainer
         TRLGTPOConfig.from_gtpo_config(GTPOConfig(loss_type="grpo", conflict_masks=True, group_size=4), use_cpu=True)
 

@@ -373,12 +373,18 @@ class TRLGTPOConfig(GRPOConfig):
         ``max_steps`` (rollout steps) -> optimizer steps (``* num_iterations``), gtpo's loss types and
         aggregations -> TRL's. ``trl_options`` (any ``trl.GRPOConfig`` field: ``use_vllm``, ``deepspeed``,
         ``per_device_train_batch_size``, ...) are passed on and win; setting TRL's batch fields together with
-        ``prompts_per_step`` / ``micro_batch_size`` (named in ``set_fields``, the fields given explicitly) is
-        refused. GTPOConfig fields of gtpo's own trainer (:data:`ENGINE_ONLY`) are ignored with a warning when
+        ``prompts_per_step`` / ``micro_batch_size`` given explicitly (``set_fields``: the fields the user set;
+        default: those that differ from GTPOConfig's defaults) is refused. GTPOConfig fields of gtpo's own trainer (:data:`ENGINE_ONLY`) are ignored with a warning when
         not at their default; DAPO's dynamic sampling is refused.
         """
         c = config
-        given = set(config.to_dict()) if set_fields is None else set(set_fields)
+
+        def default(name: str) -> Any:
+            f = _GTPO_FIELDS[name]
+            return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+        # the fields given explicitly; without set_fields, those that differ from GTPOConfig's defaults
+        given = {n for n in _GTPO_FIELDS if getattr(c, n) != default(n)} if set_fields is None else set(set_fields)
 
         def error(name: str, message: str) -> ConfigValueError:
             return ConfigValueError(f"{name}: {message}", name)
@@ -390,10 +396,7 @@ class TRLGTPOConfig(GRPOConfig):
             raise error("dynamic_sampling", "DAPO's dynamic sampling (resampling zero-variance groups) is not "
                         "available on TRL's engine: set dynamic_sampling: false, or use `engine: gtpo`")
         for name in ENGINE_ONLY:
-            default = _GTPO_FIELDS[name].default
-            if default is dataclasses.MISSING:
-                default = _GTPO_FIELDS[name].default_factory()
-            if name in given and getattr(c, name) != default:
+            if name in given and getattr(c, name) != default(name):
                 logger.warning("%s=%r is a setting of gtpo's own trainer; TRL's engine ignores it", name,
                                getattr(c, name))
         mu = c.num_iterations
