@@ -185,7 +185,8 @@ def ours_trainer(path: str, spec: dict, loss_type: str, output_dir: str):
     return GTPOTrainer(path, bench_reward, dataset_rows(spec), args=cfg)
 
 
-def trl_trainer(path: str, spec: dict, output_dir: str, max_steps: int, callbacks=()):
+def trl_trainer(path: str, spec: dict, output_dir: str, max_steps: int, callbacks=(), *, config_cls=None,
+                trainer_cls=None, **overrides):
     """TRL's ``GRPOTrainer`` matched to :func:`ours_trainer`.
 
     One optimizer step consumes ``P * G`` completions of ``P`` prompts:
@@ -199,11 +200,14 @@ def trl_trainer(path: str, spec: dict, output_dir: str, max_steps: int, callback
     ``TrainingArguments`` and from ours and are set back explicitly: ``bf16`` (TRL defaults to
     True, i.e. bf16 autocast even on CPU) and ``gradient_checkpointing`` (TRL defaults to True):
     both trainers run fp32 without activation checkpointing, the same arithmetic.
+
+    ``config_cls`` / ``trainer_cls`` (default ``GRPOConfig`` / ``GRPOTrainer``) and ``overrides`` (config fields)
+    build another trainer on TRL's engine with the same settings (``bench/trl_engine.py``: ``TRLGTPOTrainer``).
     """
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    cfg = GRPOConfig(
+    settings = dict(
         output_dir=output_dir, loss_type="grpo", beta=0.0, num_generations=spec["G"],
         per_device_train_batch_size=spec["P"] * spec["G"], gradient_accumulation_steps=1, num_iterations=1,
         max_completion_length=spec["length"], temperature=1.0, top_p=1.0, top_k=0, use_vllm=False,
@@ -212,8 +216,9 @@ def trl_trainer(path: str, spec: dict, output_dir: str, max_steps: int, callback
         log_completions=False, use_cpu=True, seed=0, dataloader_num_workers=0,
         bf16=False, fp16=False, gradient_checkpointing=False,
     )
-    trainer = GRPOTrainer(model=path, reward_funcs=bench_reward, args=cfg,
-                          train_dataset=Dataset.from_list(dataset_rows(spec)))
+    cfg = (config_cls or GRPOConfig)(**{**settings, **overrides})
+    trainer = (trainer_cls or GRPOTrainer)(model=path, reward_funcs=bench_reward, args=cfg,
+                                           train_dataset=Dataset.from_list(dataset_rows(spec)))
     for cb in callbacks:
         trainer.add_callback(cb)
     return trainer

@@ -44,6 +44,10 @@ RUN_KEYS: dict[str, str] = {
     "probes": "Texts whose token probabilities are tracked every step: {name: [prefix, target]}.",
     "resume_from_checkpoint": "true (newest complete checkpoint in output_dir) or a checkpoint path.",
     "log_level": "Logging level (info, warning, ...).",
+    "engine": "Trainer of the run: gtpo (this project's trainer) or trl (TRL's GRPOTrainer with GTPO's conflict "
+    "weights, entropy control and loss: gtpo.integrations.trl; vLLM, DeepSpeed, FSDP). With trl, trl.GRPOConfig "
+    "options (use_vllm, vllm_mode, deepspeed, bf16, per_device_train_batch_size, gradient_accumulation_steps, "
+    "push_to_hub, ...) may be set at the top level too.",
 }
 RUN_DEFAULTS: dict[str, Any] = {
     "model": None,
@@ -57,7 +61,11 @@ RUN_DEFAULTS: dict[str, Any] = {
     "probes": None,
     "resume_from_checkpoint": None,
     "log_level": "info",
+    "engine": "gtpo",
 }
+ENGINES = ("gtpo", "trl")
+# GTPOConfig fields that `engine: trl` hands to TRL's GRPOConfig instead (gtpo's own trainer refuses them)
+TRL_ENGINE_FIELDS = ("use_vllm",)
 DATASET_KEYS = ("name", "split", "size", "seed", "template", "system_prompt", "columns", "path", "kwargs")
 PEFT_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora")
 SFT_KEYS = ("max_steps", "learning_rate", "batch_size", "size", "max_length")
@@ -163,13 +171,27 @@ def split_spec(spec: dict[str, Any], *, source: str,
     fields = GTPOConfig.field_names()
     run = dict(RUN_DEFAULTS)
     cfg_values = {}
+    engine = spec.get("engine", RUN_DEFAULTS["engine"])
+    if engine not in ENGINES:
+        raise ConfigError(f"{where('engine')}: engine must be one of {list(ENGINES)}, got {engine!r}")
+    trl_options: dict[str, Any] = {}
     for key, value in spec.items():
         if key in RUN_KEYS:
             run[key] = value
-        elif key in fields:
+        elif key in fields and not (engine == "trl" and key in TRL_ENGINE_FIELDS):
             cfg_values[key] = value
+        elif engine == "trl":
+            trl_options[key] = value  # checked against trl.GRPOConfig below
         else:
-            raise ConfigError(f"{source}: unknown config field {key!r}{_suggest(key, fields + list(RUN_KEYS))}")
+            raise ConfigError(f"{source}: unknown config field {key!r}{_suggest(key, fields + list(RUN_KEYS))}"
+                              f"{_trl_hint(key)}")
+    if engine == "gtpo" and cfg_values.get("use_vllm") is True:
+        raise ConfigError(f"{where('use_vllm')}: gtpo's own trainer generates without vLLM; set `engine: trl` "
+                          "(--engine trl) to generate with vLLM on TRL's engine")
+    if engine == "trl":
+        from .integrations.trl import check_trl_options
+
+        run["trl"] = check_trl_options(trl_options, fields + list(RUN_KEYS), where)
     types = {f.name: f.type for f in dataclasses.fields(GTPOConfig)}
     for key, value in list(cfg_values.items()):
         cfg_values[key] = _coerce(key, value, types[key], where(key))
@@ -189,6 +211,15 @@ def split_spec(spec: dict[str, Any], *, source: str,
         run["reward_funcs"] = [s.strip() for s in run["reward_funcs"].split(",") if s.strip()]
     _check_run_keys(run, source, where)
     return run, config
+
+
+def _trl_hint(key: str) -> str:
+    """``'; it is an option of TRL's GRPOConfig: ...'`` when ``key`` is one (``engine: trl`` takes it)."""
+    from .integrations import trl_option_names
+
+    if key in trl_option_names():
+        return "; it is an option of TRL's GRPOConfig: set `engine: trl` (--engine trl) to train on TRL's engine"
+    return ""
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -362,6 +393,11 @@ def run_train(spec: dict[str, Any], *, source: str, argv: list[str] | None = Non
     model_spec = str(run["model"])
     if run["sft_warmup"]:
         model_spec = _sft_warmup(model_spec, train_ds, run, config)
+    if run["engine"] == "trl":
+        from .integrations.trl import run_train_trl
+
+        return run_train_trl(run, config, spec=spec, model=model_spec, train_dataset=train_ds, eval_dataset=eval_ds,
+                             reward_funcs=rewards, eval_reward=eval_reward, source=source)
     model, tokenizer = load_model_and_tokenizer(model_spec, **(config.model_init_kwargs or {}))
     peft_config = build_peft_config(run["peft"])
     probes = {k: tuple(v) for k, v in (run["probes"] or {}).items()}
@@ -505,10 +541,11 @@ def train_main(argv: list[str]) -> int:
         spec = load_yaml(config_path)
         source = config_path
     allowed = set(GTPOConfig.field_names()) | set(RUN_KEYS)
+    engine = overrides.get("engine", spec.get("engine"))
     for key in overrides:
         top = key.split(".")[0]
-        if top not in allowed:
-            raise ConfigError(f"unknown option --{key}{_suggest(top, sorted(allowed))}")
+        if top not in allowed and engine != "trl":  # engine trl: split_spec checks them against TRL's fields
+            raise ConfigError(f"unknown option --{key}{_suggest(top, sorted(allowed))}{_trl_hint(top)}")
     spec = apply_overrides(spec, overrides)
     if preset:
         if preset not in GTPOConfig.PRESETS:
