@@ -86,15 +86,12 @@ def _run_variant(path: str, variant: dict, spec: dict, out_dir: str, device: str
     else:
         from gtpo.integrations.trl import TRLGTPOConfig, TRLGTPOTrainer
 
-        n = spec["P"] * spec["G"]
-        cfg = TRLGTPOConfig(
-            output_dir=out_dir, num_generations=spec["G"], per_device_train_batch_size=n, generation_batch_size=n,
-            gradient_accumulation_steps=1, max_completion_length=spec["length"], learning_rate=1e-5,
-            max_steps=spec["warmup"] + spec["steps"], logging_steps=10**6, save_strategy="no", report_to="none",
-            bf16=cuda, gradient_checkpointing=False, use_cpu=not cuda, disable_tqdm=True, entropy_threshold=100.0,
+        # TRL's batch for P prompts x G completions per step (bench/common.py), GTPO's loss, bf16 weights
+        trainer = common.trl_trainer(
+            path, spec, out_dir, spec["warmup"] + spec["steps"], config_cls=TRLGTPOConfig, trainer_cls=TRLGTPOTrainer,
+            loss_type="gtpo", scale_rewards="none", use_cpu=not cuda, bf16=cuda, entropy_threshold=100.0,
             model_init_kwargs={"dtype": "bfloat16"},
         )
-        trainer = TRLGTPOTrainer(model=path, reward_funcs=common.bench_reward, args=cfg, train_dataset=rows)
         times: list[float] = []
         from transformers import TrainerCallback
 

@@ -138,5 +138,5 @@ def test_gpu_check_runs_on_cpu_as_a_smoke_test(tmp_path):
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
-    for name in ("gtpo bf16", "gtpo bf16 + LoRA"):
+    for name in ("gtpo bf16", "gtpo bf16 + LoRA", "gtpo QLoRA 4-bit", "trl engine bf16"):
         assert result["results"][name]["tokens_per_s"] > 0
