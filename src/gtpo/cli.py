@@ -441,14 +441,21 @@ def run_train(spec: dict[str, Any], *, source: str, argv: list[str] | None = Non
                   "(filtered: the entropy filter dropped every completion; zero-variance: every group's rewards "
                   "were equal; masked: every completion was truncated and masked; nonfinite: the update was "
                   "skipped)", flush=True)
-        if run["eval_before_after"] and eval_ds is not None:
-            after = _greedy_accuracy(trainer.unwrapped_model, tokenizer, eval_ds, eval_reward, config)
-            summary.update({"accuracy_after": after, "eval_size": len(eval_ds)})
-            if before is not None:
-                summary["accuracy_before"] = before
-            print(f"greedy accuracy after training:  {after:.1%} on {len(eval_ds)} held-out problems", flush=True)
-        _write_summary_and_report(config.output_dir, summary)
+        finish_run(summary, run, trainer.unwrapped_model, tokenizer, eval_ds, eval_reward, config, before)
     return 0
+
+
+def finish_run(summary: dict[str, Any], run: dict[str, Any], model, tokenizer, eval_ds, eval_reward,
+               config: GTPOConfig, before: float | None) -> None:
+    """Main process, after training (either engine): the greedy accuracy after training (with
+    ``eval_before_after``), then ``summary.json`` and the report."""
+    if run["eval_before_after"] and eval_ds is not None:
+        after = _greedy_accuracy(model, tokenizer, eval_ds, eval_reward, config)
+        summary.update({"accuracy_after": after, "eval_size": len(eval_ds)})
+        if before is not None:
+            summary["accuracy_before"] = before
+        print(f"greedy accuracy after training:  {after:.1%} on {len(eval_ds)} held-out problems", flush=True)
+    _write_summary_and_report(config.output_dir, summary)
 
 
 def _sft_warmup(model_spec: str, train_ds, run: dict[str, Any], config: GTPOConfig) -> str:

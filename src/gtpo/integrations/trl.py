@@ -905,7 +905,7 @@ def run_train_trl(run: dict[str, Any], config: GTPOConfig, *, spec: dict[str, An
     from accelerate import PartialState
 
     from ..checkpoint import write_json_atomic
-    from ..cli import _greedy_accuracy, _write_summary_and_report, build_peft_config
+    from ..cli import _greedy_accuracy, build_peft_config, finish_run
     from ..models import _resolve, load_model, load_tokenizer
 
     state = PartialState()
@@ -943,13 +943,6 @@ def run_train_trl(run: dict[str, Any], config: GTPOConfig, *, spec: dict[str, An
     trainer.train(resume_from_checkpoint=run["resume_from_checkpoint"])
     trainer.save_model(config.output_dir)
     if state.is_main_process:
-        summary: dict[str, Any] = {"engine": "trl", "steps": trainer.state.global_step}
-        if run["eval_before_after"] and eval_dataset is not None:
-            trained = trainer.accelerator.unwrap_model(trainer.model)
-            after = _greedy_accuracy(trained, tokenizer, eval_dataset, eval_reward, config)
-            summary.update({"accuracy_after": after, "eval_size": len(eval_dataset)})
-            if before is not None:
-                summary["accuracy_before"] = before
-            print(f"greedy accuracy after training:  {after:.1%} on {len(eval_dataset)} held-out problems", flush=True)
-        _write_summary_and_report(config.output_dir, summary)
+        finish_run({"engine": "trl", "steps": trainer.state.global_step}, run,
+                   trainer.accelerator.unwrap_model(trainer.model), tokenizer, eval_dataset, eval_reward, config, before)
     return 0
