@@ -577,9 +577,13 @@ def test_cli_engine_trl_end_to_end(tiny_model_path, tmp_path, capsys):
     }
     cfg = tmp_path / "run.yaml"
     cfg.write_text(yaml.safe_dump(spec))
-    # TRL's options belong to engine trl: a clear error under gtpo's engine
-    with pytest.raises(ConfigError, match="engine: trl"):
-        split_spec({**spec, "use_vllm": True}, source="run.yaml")
+    # use_vllm is a field of both engines: gtpo's own trainer takes it; engine trl hands it (and the vLLM fields
+    # TRL shares) to TRL, while TRL's other options belong to engine trl only
+    run, config = split_spec({**spec, "use_vllm": True}, source="run.yaml")
+    assert config.use_vllm and "trl" not in run
+    run, config = split_spec({**spec, "engine": "trl", "use_vllm": True, "vllm_importance_sampling_mode": "token_mask"},
+                             source="run.yaml")
+    assert run["trl"] == {"use_vllm": True, "vllm_importance_sampling_mode": "token_mask"} and not config.use_vllm
     with pytest.raises(ConfigError, match="option of TRL's GRPOConfig"):
         split_spec({**spec, "per_device_train_batch_size": 2}, source="run.yaml")
     with pytest.raises(ConfigError, match="unknown config field 'per_device_train_batch_sise'"):

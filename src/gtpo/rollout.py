@@ -35,6 +35,9 @@ class Rollout:
         completion_mask: ``(N, T)`` 1 on generated tokens through the first EOS (included).
         truncated: ``(N,)`` bool, True where no EOS was produced within ``max_new_tokens``.
         texts: ``N`` decoded completions (special tokens skipped).
+        sampling_logp: ``(N, T)`` float32 log-probs the sampler gave its sampled tokens (vLLM:
+            :mod:`gtpo.vllm_engine`), 0 outside ``completion_mask``; None when the sampler gives none
+            (gtpo's decoding loop and transformers ``generate``, whose log-probs are the policy's own).
     """
 
     prompt_ids: torch.Tensor
@@ -43,6 +46,7 @@ class Rollout:
     completion_mask: torch.Tensor
     truncated: torch.Tensor
     texts: list[str]
+    sampling_logp: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:

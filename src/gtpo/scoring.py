@@ -44,7 +44,7 @@ class ScoredBatch:
         r = self.rollout
         return ScoredBatch(
             Rollout(r.prompt_ids[sl], r.prompt_mask[sl], r.completion_ids[sl], r.completion_mask[sl],
-                    r.truncated[sl], r.texts[sl]),
+                    r.truncated[sl], r.texts[sl], None if r.sampling_logp is None else r.sampling_logp[sl]),
             [self.rows[p]], self.rewards[sl], self.per_func[sl],
         )
 
@@ -67,6 +67,8 @@ class ScoredBatch:
             torch.cat([pad(x.completion_mask, (0, width_t - x.completion_mask.shape[1]), value=0) for x in r]),
             torch.cat([x.truncated for x in r]),
             [t for x in r for t in x.texts],
+            None if any(x.sampling_logp is None for x in r) else
+            torch.cat([pad(x.sampling_logp, (0, width_t - x.sampling_logp.shape[1]), value=0.0) for x in r]),
         )
         return ScoredBatch(rollout, [row for b in batches for row in b.rows],
                            torch.cat([b.rewards for b in batches]), torch.cat([b.per_func for b in batches]))

