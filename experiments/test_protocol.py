@@ -87,3 +87,21 @@ def test_bootstrap_and_t():
     r = stats.paired_t([1.0, 2.0, 3.0])  # mean 2, sd 1, t = 2 sqrt(3)
     assert r["t"] == pytest.approx(2 * math.sqrt(3)) and r["p"] == pytest.approx(2 * stats.t_sf(2 * math.sqrt(3), 2))
     assert stats.mdd_paired(1.0, 10) == pytest.approx((2.262157 + 0.883330) / math.sqrt(10), abs=1e-4)
+
+
+def test_collapse_criterion():
+    from experiments.protocol.stress import collapse_step
+
+    assert collapse_step([10.0] * 40) is None
+    # the 5-step mean over steps 1-5 is 10; it first falls below 5 when the window holds three 0s
+    r = [10.0] * 10 + [0.0] * 30
+    assert collapse_step(r) == 13
+    assert collapse_step([10.0] * 3) is None
+
+
+def test_error_prompts():
+    from experiments.protocol.stress import is_error_prompt
+
+    assert is_error_prompt("What is 59 + 7 - 8?")
+    assert not is_error_prompt("Compute 59 + 7 - 6.")
+    assert is_error_prompt("How much is 10 + 2 - 9?")

@@ -18,8 +18,8 @@ is measured (``Δ = log π_new − log π_old`` on the sampled tokens):
 
 Two step rules per arm: ``adam`` — the trainer's real step (AdamW with the saved moments, the
 config's learning rate and gradient clipping: equal learning rate); ``unit`` — a plain gradient step
-scaled to the parameter-space norm of GRPO's ``adam`` step on the same group (equal step size:
-only the direction differs between arms).
+of one parameter-space norm for every arm, a tenth of GRPO's ``adam`` step on the same group
+(equal step size, first-order regime: only the direction of the gradient differs between arms).
 
 Variants: ``natural`` (the sampled group); ``short_neg`` (each negative completion replaced by a
 positive completion of the same group cut after a random number of tokens and ended with EOS, then
@@ -55,6 +55,10 @@ ARMS: dict[str, dict] = {
     "gtpo_official": {"preset": "official"},
 }
 MODES = ("adam", "unit")
+#: the ``unit`` step's parameter-space norm as a fraction of GRPO's Adam step on the same group: small,
+#: so that the change stays first-order (a plain gradient step of the Adam step's norm is concentrated
+#: on few parameters and moves the sampled tokens' log-probs 4-5x more than the Adam step)
+UNIT_FRACTION = 0.1
 
 
 def arm_config(base, arm: str, *, temperature: float, logprob_temperature: float):
@@ -255,7 +259,7 @@ def run(model_name: str, state: str, variant: str, n_groups: int, seed: int, out
                         p.copy_(b)
                 real_opt.load_state_dict(copy.deepcopy(saved_opt))
                 if mode == "unit":
-                    trainer.optimizer = UnitStep(params, grpo_norm)
+                    trainer.optimizer = UnitStep(params, UNIT_FRACTION * grpo_norm)
                 adv = group_advantages(rewards, g, scale=cfg.resolved_scale_rewards)
                 inputs = trainer.gtpo_inputs(roll, adv)
                 result = trainer.update(roll, adv, inputs)

@@ -39,6 +39,10 @@ ARMS: dict[str, list[str]] = {
     "gtpo_varying": ["--gamma_groups", "varying"],
     # no gamma shift at all
     "gtpo_gamma0": ["--gamma", "0.0"],
+    # without the released code's division of each completion's loss by its conflict-run length (the
+    # paper's printed objective has no such term); gamma on all groups / only on varying groups
+    "gtpo_nodiv": ["--divide_by_conflict_count", "false"],
+    "gtpo_nodiv_varying": ["--divide_by_conflict_count", "false", "--gamma_groups", "varying"],
     "grpo": ["--loss_type", "grpo", "--gamma", "0.0"],
     "dr_grpo": ["--loss_type", "dr_grpo", "--gamma", "0.0"],
     # the released code's fixed filter at tau 0.7, which acts at temperature 0.7 (mean entropy ~0.76)
