@@ -14,7 +14,7 @@ accuracy``); none means all. For the chosen claims it
 3. evaluates claim 7's final models on the held-out split (``gtpo.evaluation.evaluate``: pass@k,
    maj@k, format rate);
 4. averages every run's metrics over the seeds (mean ± std), plots the seed-mean curves of each
-   claim with ``gtpo.report.write_report`` and writes ``docs/results.md`` (PNGs under
+   claim with ``gtpo.report.write_report`` and writes ``docs/results-suite.md`` (PNGs under
    ``docs/results/``) with the exact commands.
 
 Resumable: a finished run (``summary.json``, or ``suite_status.json`` of a run that stopped itself)
@@ -47,10 +47,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CONFIGS = os.path.join(HERE, "configs")
 RUNS = os.path.join(HERE, "runs")
-DOCS_MD = os.path.join(ROOT, "docs", "results.md")
+DOCS_MD = os.path.join(ROOT, "docs", "results-suite.md")
 DOCS_DIR = os.path.join(ROOT, "docs", "results")
 #: Human-written verdicts, one per claim ("1": "...", markdown), read after the full run; the suite
-#: copies them into docs/results.md so regenerating the file keeps them.
+#: copies them into docs/results-suite.md so regenerating the file keeps them.
 VERDICTS = os.path.join(HERE, "verdicts.yaml")
 
 DEFAULT_SEEDS = (0, 1, 2)
@@ -72,7 +72,7 @@ EVAL = dict(n=8, k=[1, 4, 8], maj_k=[4, 8], temperature=1.0, max_new_tokens=64, 
 COST_PER_STEP = {"tiny": 0.5, "smollm2": 15.0, "sft": 0.2}
 COST_PER_RUN = {"tiny": 20.0, "smollm2": 45.0, "sft": 15.0, "eval": 20.0, "pretrain": 600.0}
 DAPO_COST_FACTOR = 1.5  # dynamic sampling draws extra groups
-#: Runs shorter than this (or fewer than 3 seeds) make docs/results.md a smoke run, "not results".
+#: Runs shorter than this (or fewer than 3 seeds) make docs/results-suite.md a smoke run, "not results".
 MIN_REAL_STEPS = {"tiny": 50, "smollm2": 4}
 
 log = logging.getLogger("suite")
@@ -925,7 +925,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="claim 7: evaluate on this many test problems (default: all 200)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's, one per core); 1 is kinder to a shared machine")
-    parser.add_argument("--no-docs", action="store_true", help="do not (re)write docs/results.md")
+    parser.add_argument("--no-docs", action="store_true", help="do not (re)write docs/results-suite.md")
     args = parser.parse_args(argv)
     if args.steps < 1 or (args.smollm2_steps is not None and args.smollm2_steps < 1):
         parser.error("--steps and --smollm2-steps must be >= 1")

@@ -1,0 +1,7 @@
+"""The science protocol of issue 16: runs whose outcome can decide the paper's claims.
+
+Modules: ``stats`` (exact tests: Wilcoxon signed-rank, Mann-Whitney, Fisher, log-rank, bootstrap),
+``smol`` (SmolLM2 on the default task: the default-run decision and claim 7's SmolLM2 part),
+``onestep`` (claim 1: paired one-step updates), ``stress`` (claim 2), ``data`` (committed raw data
+under ``experiments/data/``), ``report`` (docs/results.md from the committed data, no training).
+"""

@@ -1,0 +1,62 @@
+"""Shared helpers: paths, the environment of a run, compressed jsonl I/O."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import resource
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXPERIMENTS = os.path.dirname(HERE)
+ROOT = os.path.dirname(EXPERIMENTS)
+RUNS = os.path.join(EXPERIMENTS, "runs", "protocol")   # git-ignored working directories
+DATA = os.path.join(EXPERIMENTS, "data")               # committed raw data (compressed jsonl)
+
+
+def setup_env(threads: int = 1) -> None:
+    """Offline, one torch thread (the machine is shared)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def write_jsonl_gz(path: str, records) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+        for r in records:
+            f.write(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
+
+
+def read_jsonl_gz(path: str) -> list[dict]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_jsonl(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_json(path: str, obj) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S")

@@ -1,0 +1,61 @@
+"""Resumable tiny-model training runs through ``gtpo.cli.train_main`` (``gtpo train``), one at a time."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from .common import ROOT, cpu_seconds, now, read_jsonl, write_json
+
+
+def run_status(d: str) -> str:
+    if os.path.isfile(os.path.join(d, "summary.json")):
+        return "done"
+    if os.path.isdir(d) and any(n.startswith("checkpoint-") and not n.endswith(".tmp") for n in os.listdir(d)):
+        return "partial"
+    return "fresh" if not os.path.exists(d) else "restart"
+
+
+def execute(argv: list[str], d: str, tag: str) -> str:
+    """Train (or resume) the run whose output directory is ``d``; returns its status afterwards."""
+    from gtpo.cli import train_main
+    from gtpo.errors import TrainingStopped
+
+    st = run_status(d)
+    if st == "done":
+        return st
+    full = list(argv) + ["--output_dir", os.path.relpath(d, ROOT)]
+    if st == "partial":
+        full += ["--resume_from_checkpoint", "true"]
+    elif st == "restart":
+        full += ["--overwrite"]
+    print(f"[runs] {now()} {tag} ({st})", flush=True)
+    t0, c0 = time.time(), cpu_seconds()
+    stopped = None
+    try:
+        code = train_main(full)
+    except TrainingStopped as err:  # non-finite updates in a row: the run ended by itself (a collapse)
+        stopped, code = str(err).splitlines()[0], 0
+        os.makedirs(d, exist_ok=True)
+        write_json(os.path.join(d, "summary.json"), {"stopped": stopped})
+    if code != 0:
+        raise SystemExit(f"gtpo train exited {code}")
+    tpath = os.path.join(d, "timing.json")
+    old = json.load(open(tpath)) if os.path.isfile(tpath) else {"wall_s": 0.0, "cpu_s": 0.0}
+    write_json(tpath, {"wall_s": old["wall_s"] + time.time() - t0, "cpu_s": old["cpu_s"] + cpu_seconds() - c0,
+                       "argv": list(argv)})
+    print(f"[runs] {now()} {tag}: done in {time.time() - t0:.0f} s", flush=True)
+    return run_status(d)
+
+
+def step_metrics(d: str) -> list[dict]:
+    """Per-step numeric metrics (the last line of each step wins: a resumed run re-logs steps)."""
+    steps: dict[int, dict] = {}
+    path = os.path.join(d, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    for m in read_jsonl(path):
+        if "reward/mean" in m:
+            steps[int(m["step"])] = {k: v for k, v in m.items() if isinstance(v, (int, float))}
+    return [steps[k] for k in sorted(steps)]

@@ -1,0 +1,107 @@
+"""Fast tests of the protocol's statistics and analysis (no training): hand-computed values."""
+
+import math
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from experiments.protocol import stats  # noqa: E402
+
+
+def test_distributions():
+    assert stats.norm_sf(0.0) == pytest.approx(0.5)
+    assert stats.norm_ppf(0.975) == pytest.approx(1.959964, abs=1e-6)
+    assert stats.norm_ppf(0.01) == pytest.approx(-2.326348, abs=1e-6)
+    assert stats.chi2_sf(3.841458820694124, 1) == pytest.approx(0.05, abs=1e-9)
+    assert stats.chi2_sf(5.991464547107979, 2) == pytest.approx(0.05, abs=1e-9)
+    assert stats.chi2_sf(20.0, 2) == pytest.approx(math.exp(-10.0), rel=1e-9)  # df 2: exp(-x/2)
+    assert stats.t_sf(2.228138851986274, 10) == pytest.approx(0.025, abs=1e-9)
+    assert stats.t_sf(0.0, 3) == pytest.approx(0.5)
+    assert stats.t_sf(1.0, 1) == pytest.approx(0.25, abs=1e-12)  # Cauchy: 1/2 - atan(1)/pi
+    assert stats.t_ppf(0.975, 10) == pytest.approx(2.228139, abs=1e-5)
+
+
+def test_rankdata_ties():
+    assert stats.rankdata([10, 20, 20, 5]) == [2.0, 3.5, 3.5, 1.0]
+
+
+def test_wilcoxon_exact_by_hand():
+    # n = 5, all positive: W+ = 15, only W+ in {0, 15} are as extreme: p = 2 / 32
+    r = stats.wilcoxon_signed_rank([1, 2, 3, 4, 5])
+    assert (r["w_plus"], r["method"]) == (15.0, "exact") and r["p"] == pytest.approx(2 / 32)
+    # one negative of rank 2: W+ = 13; sums <= 2 or >= 13 have 3 + 3 of the 32 sign patterns
+    r = stats.wilcoxon_signed_rank([1, -2, 3, 4, 5])
+    assert r["w_plus"] == 13.0 and r["p"] == pytest.approx(6 / 32)
+    # zeros are dropped
+    assert stats.wilcoxon_signed_rank([0, 0, 1, 2, 3, 4, 5])["p"] == pytest.approx(2 / 32)
+    assert stats.wilcoxon_signed_rank([0, 0])["p"] == 1.0
+
+
+def test_wilcoxon_normal_by_hand():
+    d = list(range(1, 31))  # n = 30 > 20: W+ = 465, mean 232.5, var = 30*31*61/24
+    r = stats.wilcoxon_signed_rank(d)
+    sd = math.sqrt(30 * 31 * 61 / 24)
+    assert r["method"] == "normal"
+    assert r["z"] == pytest.approx(232.5 / sd)
+    assert r["p"] == pytest.approx(2 * stats.norm_sf(232.0 / sd))
+    neg = stats.wilcoxon_signed_rank([-x for x in d])
+    assert neg["z"] == pytest.approx(-r["z"]) and neg["p"] == pytest.approx(r["p"])
+
+
+def test_mann_whitney_exact():
+    r = stats.mann_whitney([1, 2, 3], [4, 5, 6])
+    assert r["u"] == 0.0 and r["p"] == pytest.approx(2 / 20)
+    assert stats.mann_whitney([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])["p"] == pytest.approx(2 / 252)
+
+
+def test_fisher_and_mcnemar():
+    assert stats.fisher_exact(3, 0, 2, 1) == pytest.approx(1.0)  # "3/3 vs 2/3"
+    assert stats.fisher_exact(3, 1, 1, 3) == pytest.approx(0.4857142857)  # tea tasting
+    assert stats.fisher_exact(6, 0, 0, 6) == pytest.approx(2 / 924)
+    assert stats.mcnemar_exact(0, 6) == pytest.approx(2 / 64)
+    assert stats.mcnemar_exact(3, 3) == pytest.approx(1.0)
+
+
+def test_logrank_by_hand():
+    # A dies at 1, 2, 3; B at 4, 5, 6. O_A = 3, E_A = 3/6 + 2/5 + 1/4 = 1.15,
+    # V = 0.25 + 0.24 + 0.1875 = 0.6775, chi2 = 1.85^2 / 0.6775
+    r = stats.logrank([1, 2, 3, 4, 5, 6], [1] * 6, ["A"] * 3 + ["B"] * 3)
+    assert r["observed"][0] == 3 and r["expected"][0] == pytest.approx(1.15)
+    assert r["chi2"] == pytest.approx(1.85 ** 2 / 0.6775)
+    assert r["p"] == pytest.approx(stats.chi2_sf(1.85 ** 2 / 0.6775, 1))
+    # censoring: B never dies (censored at 10): same first three event times, then nothing
+    r2 = stats.logrank([1, 2, 3, 10, 10, 10], [1, 1, 1, 0, 0, 0], ["A"] * 3 + ["B"] * 3)
+    assert r2["chi2"] == pytest.approx(r["chi2"])
+    # stratified: two identical strata double O - E and V, so chi2 doubles
+    r3 = stats.logrank([1, 2, 3, 4, 5, 6] * 2, [1] * 12, (["A"] * 3 + ["B"] * 3) * 2, strata=[0] * 6 + [1] * 6)
+    assert r3["chi2"] == pytest.approx(2 * r["chi2"])
+
+
+def test_bootstrap_and_t():
+    assert stats.bootstrap_ci([2.0] * 10, lambda xs: sum(xs) / len(xs)) == (2.0, 2.0)
+    lo, hi = stats.bootstrap_ci(list(range(100)), lambda xs: sum(xs) / len(xs), n_boot=500)
+    assert lo < 49.5 < hi
+    r = stats.paired_t([1.0, 2.0, 3.0])  # mean 2, sd 1, t = 2 sqrt(3)
+    assert r["t"] == pytest.approx(2 * math.sqrt(3)) and r["p"] == pytest.approx(2 * stats.t_sf(2 * math.sqrt(3), 2))
+    assert stats.mdd_paired(1.0, 10) == pytest.approx((2.262157 + 0.883330) / math.sqrt(10), abs=1e-4)
+
+
+def test_collapse_criterion():
+    from experiments.protocol.stress import collapse_step
+
+    assert collapse_step([10.0] * 40) is None
+    # the 5-step mean over steps 1-5 is 10; it first falls below 5 when the window holds three 0s
+    r = [10.0] * 10 + [0.0] * 30
+    assert collapse_step(r) == 13
+    assert collapse_step([10.0] * 3) is None
+
+
+def test_error_prompts():
+    from experiments.protocol.stress import is_error_prompt
+
+    assert is_error_prompt("What is 59 + 7 - 8?")
+    assert not is_error_prompt("Compute 59 + 7 - 6.")
+    assert is_error_prompt("How much is 10 + 2 - 9?")
