@@ -312,6 +312,10 @@ def child_main(argv: list[str], log: str, setup: dict) -> None:
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
+    # the child is `gtpo train` in a terminal, where Ctrl-C raises KeyboardInterrupt; a suite started in the
+    # background (`cmd &` in a non-interactive shell) inherits SIGINT ignored, and the trainer's second-signal
+    # path (the previous handler) would then ignore it too
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         record_resume(log + ".resumed_from")
         if setup.get("kill"):
