@@ -212,13 +212,16 @@ def step_worker(spec: dict) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("parts", nargs="*", default=["rollout"], choices=["rollout", "lora", "step"])
+    parser.add_argument("parts", nargs="*", default=["rollout"], help="rollout, lora, step (default: rollout)")
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds per side (after one warm-up)")
     parser.add_argument("--steps", type=int, default=4, help="measured steps per side of `step` (after one warm-up)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    unknown = [p for p in args.parts if p not in ("rollout", "lora", "step")]
+    if unknown:
+        parser.error(f"unknown part(s) {unknown}: choose from rollout, lora, step")
     if args.worker:
         spec = json.loads(args.worker)
         work = {"rollout": rollout_worker, "lora": lora_worker, "step": step_worker}[spec["part"]]

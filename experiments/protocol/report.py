@@ -456,7 +456,7 @@ def fig_smol(res: dict, default_arm: str, arms: list[str]) -> str | None:
     ax.axhline(100 * b, color="k", lw=0.8, ls="--", label="before")
     ax.axhline(100 * (b + 0.10), color="grey", lw=0.8, ls=":", label="before + 10 points")
     ax.set_xticks(range(len(arms)))
-    ax.set_xticklabels([SMOL_LABELS.get(a, a).replace(", ", ",\n") for a in arms], fontsize=6)
+    ax.set_xticklabels([a.replace("_", "\n") for a in arms], fontsize=6)  # arm names: the legend has the long labels
     ax.set_ylabel("greedy accuracy after, % (200 held-out)")
     ax.legend(fontsize=7)
     for k, (key, title) in enumerate((("reward/mean", "training reward (5-step mean, seed mean)"),
