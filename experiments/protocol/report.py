@@ -587,12 +587,12 @@ VERDICTS: dict[str, str] = {
         "`stress.collapse_step` before any run: the first step at which the 5-step moving mean reward falls "
         "below half its mean over steps 1-5; a run stopped by non-finite updates collapses where it stopped); `report.stress_section` computes the "
         "critical rate per arm with a bootstrap interval, the stratified log-rank test and the KL / update-norm "
-        "tables. About 40 CPU-hours here: `python -m experiments.protocol.stress build`, then "
+        "tables. About 7 CPU-hours here (270 runs of 40 steps at ~1.5 s per step, plus evaluation): `python -m experiments.protocol.stress build`, then "
         "`python -m experiments.protocol.stress run --arms ... --lrs ... --seeds ...` and `... export`.\n"),
     "claim7": (
-        "**Not testable in this session's budget.** The powered design (a task where the tiny model starts at "
+        "**Not run yet; not decided.** The powered design (a task where the tiny model starts at "
         "pass@1 ≈ 25 %, pass@8 ≈ 70 %; each arm at its best rate on a validation split; 8 paired seeds; 500 "
-        "held-out problems x 8 samples) is about 20 CPU-hours; the earlier suite's SmolLM2 part (8 steps, one "
+        "held-out problems x 8 samples) is about 10 CPU-hours (estimated); the earlier suite's SmolLM2 part (8 steps, one "
         "prompt, no GRPO arm) cannot decide it and is withdrawn as evidence.\n"),
     "smol": (
         "Every run that finished, every seed shown (30 steps of `gtpo train --demo` with the arm's overrides; "
@@ -628,9 +628,9 @@ def _status_rows(onestep: dict, smol_res: dict, stress_res: dict) -> list[list[s
          "; ".join(f"`{k}`: {n} groups with reward variance" for k, n in n_one.items()) or "not run",
          "`experiments/data/onestep/*.jsonl.gz`"],
         ["1. claim 1 at SmolLM2's start", "not run (about 60 groups need ~2 CPU-hours here)", "—"],
-        ["2. claim 2, stress model and learning-rate grid", "ran" if stress_res else "not run (the grid is ~40 CPU-hours)",
+        ["2. claim 2, stress model and learning-rate grid", "ran" if stress_res else "not run yet (the grid is about 7 CPU-hours)",
          "`experiments/data/stress.jsonl.gz`" if stress_res else "—"],
-        ["3. claim 7, accuracy with power (8 paired seeds, 500 x 8 samples)", "not run (~20 CPU-hours)", "—"],
+        ["3. claim 7, accuracy with power (8 paired seeds, 500 x 8 samples)", "not run (about 10 CPU-hours)", "—"],
         ["4. SmolLM2 on the default task, ≥ 5 seeds per arm (GTPO, GRPO, Dr.GRPO, fixed-τ arm)",
          "; ".join(f"{SMOL_LABELS.get(a, a)}: seeds {', '.join(map(str, s))}" for a, s in smol_seeds.items()) or "not run",
          "`experiments/data/smol.jsonl.gz`" if smol_seeds else "—"],
