@@ -577,7 +577,7 @@ VERDICTS: dict[str, str] = {
         "of the groups after 150 GRPO steps) GRPO has no gradient, while GTPO's γ shift −γ·H_i < 0 lowers every "
         "completion: median Δ log p per completion −1.2e−2 to −1.4e−2 nats under the paper preset and −8e−2 "
         "under the official preset (raw advantages, so γ·H is large against 0-1 rewards), against −2e−3 to "
-        "−5e−3 for the momentum-only step every other arm takes (paired p ≤ 1e−30), on exactly the tokens the "
+        "−5e−3 for the momentum-only step every other arm takes (paired p ≤ 3e−30), on exactly the tokens the "
         "group shares. This is why `gamma_groups: varying` (the shift only "
         "in groups with reward variance) is a default candidate; the SmolLM2 runs below are to decide it.\n"),
     "claim2": (
