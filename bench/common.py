@@ -295,6 +295,15 @@ def set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+def all_steps_sampled(tokens: dict[str, list[float]], expected: int) -> bool:
+    """Whether every side sampled exactly ``expected`` tokens (P x G x T) at every step; prints what differed."""
+    unequal = {k: v for k, v in tokens.items() if any(abs(x - expected) > 1e-6 for x in v)}
+    if unequal:
+        print(f"ERROR: every step must sample {expected} tokens (P x G x T); got " +
+              "; ".join(f"{k}: {sorted(set(round(x) for x in v))}" for k, v in unequal.items()))
+    return not unequal
+
+
 def median(values) -> float:
     values = list(values)
     return statistics.median(values) if values else float("nan")

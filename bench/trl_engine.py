@@ -147,10 +147,7 @@ def main(argv=None) -> int:
           f"{args.threads} threads; {args.warmup} warm-up + {args.steps} measured steps each, interleaved; both on "
           f"TRL's engine with transformers generate")
     expected = args.prompts * args.group * args.length
-    unequal = {k: v for k, v in res["tokens"].items() if any(abs(x - expected) > 1e-6 for x in v)}
-    if unequal:
-        print(f"ERROR: every step must sample {expected} tokens (P x G x T); got " +
-              "; ".join(f"{k}: {sorted(set(round(x) for x in v))}" for k, v in unequal.items()))
+    if not common.all_steps_sampled(res["tokens"], expected):
         return 1
     w = args.warmup
     for k in KINDS:
