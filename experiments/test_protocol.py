@@ -105,3 +105,28 @@ def test_error_prompts():
     assert is_error_prompt("What is 59 + 7 - 8?")
     assert not is_error_prompt("Compute 59 + 7 - 6.")
     assert is_error_prompt("How much is 10 + 2 - 9?")
+
+
+def test_smol_detailed_greedy_matches_cli(tmp_path):
+    """The SmolLM2 runner's per-problem evaluation is the CLI's greedy accuracy, with verdicts."""
+    from gtpo.cli import _greedy_accuracy
+    from gtpo.config import GTPOConfig
+    from gtpo.models import load_model_and_tokenizer
+    from gtpo.testing import build_tiny_model
+
+    from experiments.protocol import smol
+
+    path = build_tiny_model(tmp_path / "tiny", seed=0)
+    model, tok = load_model_and_tokenizer(path)
+    # a scorer that accepts whatever the tiny random model writes for half the problems
+    rows = [{"prompt": f"Calculate {a} + {a}.", "answer": str(2 * a)} for a in range(6)]
+
+    def reward(completions, answer, **kw):
+        return [float(len(c) % 2 == 0) for c in completions]
+
+    config = GTPOConfig(output_dir=str(tmp_path / "run"), max_completion_length=8)
+    res = smol.detailed_greedy(model, tok, rows, reward, config)
+    assert len(res["correct"]) == len(res["texts"]) == len(rows)
+    assert res["correct"] == [int(len(t) % 2 == 0) for t in res["texts"]]
+    assert res["accuracy"] == sum(res["correct"]) / len(rows)
+    assert _greedy_accuracy(model, tok, rows, reward, config) == pytest.approx(res["accuracy"], abs=0)

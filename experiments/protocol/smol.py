@@ -69,7 +69,8 @@ def git_commit() -> str:
 def detailed_greedy(model, tokenizer, dataset, reward, config) -> dict:
     """The CLI's greedy accuracy (``gtpo.cli._greedy_accuracy`` = ``evaluate_during_training`` with
     n=1, temperature 0, batch 64), plus each problem's verdict and reply."""
-    from gtpo.evaluate import CORRECT_SCORE, _generate_samples, _seeded, score_samples
+    from gtpo.evaluation.api import _generate_samples, _seeded
+    from gtpo.evaluation.scoring import CORRECT_SCORE, score_samples
 
     rows = dataset.to_list() if hasattr(dataset, "to_list") else [dict(r) for r in dataset]
     with _seeded(0):
@@ -89,7 +90,7 @@ def detailed_greedy(model, tokenizer, dataset, reward, config) -> dict:
 def _patched_greedy(out_dir: str):
     import gtpo.cli as cli
 
-    def greedy(model, tokenizer, dataset, reward, config):
+    def greedy(model, tokenizer, dataset, reward, config, engine=None):
         # before training the CLI passes the base model, after it the LoRA (peft) model
         is_before = not hasattr(model, "peft_config")
         if is_before and os.path.isfile(BEFORE_CACHE):  # the untrained model: the same for every run
