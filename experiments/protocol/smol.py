@@ -47,6 +47,12 @@ ARMS: dict[str, list[str]] = {
     "dr_grpo": ["--loss_type", "dr_grpo", "--gamma", "0.0"],
     # the released code's fixed filter at tau 0.7, which acts at temperature 0.7 (mean entropy ~0.76)
     "gtpo_fixed07": ["--entropy_rule", "fixed", "--entropy_threshold", "0.7"],
+    # candidates for the default run (item 5): the collapsed runs moved 4-10x further per step (KL) in
+    # their last 20 steps than the others, and higher rates collapsed earlier in the first trials
+    # (5e-4 -> 37 %, 7e-4 -> 24 %, 1e-3 -> 10.5 %): the same GTPO at 3e-4, with the gamma shift on
+    # every group / only on groups whose rewards differ
+    "gtpo_lr3e-4": ["--learning_rate", "3e-4"],
+    "gtpo_lr3e-4_varying": ["--learning_rate", "3e-4", "--gamma_groups", "varying"],
 }
 
 
