@@ -75,7 +75,10 @@ SMOL_LABELS = {"gtpo_v0": "GTPO, default at 57a59c7 (gamma on all groups)",
                "gtpo_gamma0": "GTPO, gamma 0", "grpo": "GRPO", "dr_grpo": "Dr.GRPO",
                "gtpo_fixed07": "GTPO, fixed tau 0.7 filter",
                "gtpo_nodiv": "GTPO, no division by the conflict count",
-               "gtpo_nodiv_varying": "GTPO, no division by the conflict count, gamma only on varying groups"}
+               "gtpo_nodiv_varying": "GTPO, no division by the conflict count, gamma only on varying groups",
+               "gtpo_lr3e-4": "GTPO at lr 3e-4 (gamma on all groups)",
+               "gtpo_lr3e-4_varying": "GTPO at lr 3e-4, gamma only on varying groups",
+               "grpo_lr3e-4": "GRPO at lr 3e-4"}
 
 
 def smol_run_stats(rec: dict, before: float) -> dict:

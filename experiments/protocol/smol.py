@@ -53,6 +53,7 @@ ARMS: dict[str, list[str]] = {
     # every group / only on groups whose rewards differ
     "gtpo_lr3e-4": ["--learning_rate", "3e-4"],
     "gtpo_lr3e-4_varying": ["--learning_rate", "3e-4", "--gamma_groups", "varying"],
+    "grpo_lr3e-4": ["--loss_type", "grpo", "--gamma", "0.0", "--learning_rate", "3e-4"],
 }
 
 
