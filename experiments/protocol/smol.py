@@ -31,29 +31,33 @@ SMOL_RUNS = os.path.join(RUNS, "smol")
 BEFORE_CACHE = os.path.join(SMOL_RUNS, "before.json")
 
 #: Arms: overrides on top of `gtpo train --demo` (src/gtpo/configs/default.yaml). The default config
-#: sets gamma 0.1 explicitly, so the baselines must set gamma 0 (else they would get the shift).
+#: sets gamma 0.1 explicitly, so the baselines must set gamma 0 (else they would get the shift). Every
+#: arm names its learning rate: the default's rate changed (5e-4 -> 3e-4, chosen from these runs), and
+#: an arm must mean the same run before and after.
+LR_V0 = ["--learning_rate", "5e-4"]
+LR_3 = ["--learning_rate", "3e-4"]
 ARMS: dict[str, list[str]] = {
-    # the default run as it was at 57a59c7 (GTPO, <H>_ini rule with ln 2, gamma 0.1 on every group)
-    "gtpo_v0": [],
+    # the default run as it was at 57a59c7 (GTPO, <H>_ini rule with ln 2, gamma 0.1 on every group, lr 5e-4)
+    "gtpo_v0": [*LR_V0],
     # the gamma shift only on groups whose rewards differ (no push on zero-variance groups)
-    "gtpo_varying": ["--gamma_groups", "varying"],
+    "gtpo_varying": [*LR_V0, "--gamma_groups", "varying"],
     # no gamma shift at all
-    "gtpo_gamma0": ["--gamma", "0.0"],
+    "gtpo_gamma0": [*LR_V0, "--gamma", "0.0"],
     # without the released code's division of each completion's loss by its conflict-run length (the
     # paper's printed objective has no such term); gamma on all groups / only on varying groups
-    "gtpo_nodiv": ["--divide_by_conflict_count", "false"],
-    "gtpo_nodiv_varying": ["--divide_by_conflict_count", "false", "--gamma_groups", "varying"],
-    "grpo": ["--loss_type", "grpo", "--gamma", "0.0"],
-    "dr_grpo": ["--loss_type", "dr_grpo", "--gamma", "0.0"],
+    "gtpo_nodiv": [*LR_V0, "--divide_by_conflict_count", "false"],
+    "gtpo_nodiv_varying": [*LR_V0, "--divide_by_conflict_count", "false", "--gamma_groups", "varying"],
+    "grpo": [*LR_V0, "--loss_type", "grpo", "--gamma", "0.0"],
+    "dr_grpo": [*LR_V0, "--loss_type", "dr_grpo", "--gamma", "0.0"],
     # the released code's fixed filter at tau 0.7, which acts at temperature 0.7 (mean entropy ~0.76)
-    "gtpo_fixed07": ["--entropy_rule", "fixed", "--entropy_threshold", "0.7"],
+    "gtpo_fixed07": [*LR_V0, "--entropy_rule", "fixed", "--entropy_threshold", "0.7"],
     # candidates for the default run (item 5): the collapsed runs moved 4-10x further per step (KL) in
     # their last 20 steps than the others, and higher rates collapsed earlier in the first trials
     # (5e-4 -> 37 %, 7e-4 -> 24 %, 1e-3 -> 10.5 %): the same GTPO at 3e-4, with the gamma shift on
-    # every group / only on groups whose rewards differ
-    "gtpo_lr3e-4": ["--learning_rate", "3e-4"],
-    "gtpo_lr3e-4_varying": ["--learning_rate", "3e-4", "--gamma_groups", "varying"],
-    "grpo_lr3e-4": ["--loss_type", "grpo", "--gamma", "0.0", "--learning_rate", "3e-4"],
+    # every group / only on groups whose rewards differ; and GRPO at that rate
+    "gtpo_lr3e-4": [*LR_3],
+    "gtpo_lr3e-4_varying": [*LR_3, "--gamma_groups", "varying"],
+    "grpo_lr3e-4": [*LR_3, "--loss_type", "grpo", "--gamma", "0.0"],
 }
 
 
@@ -171,6 +175,8 @@ def export(out: str = os.path.join(DATA, "smol.jsonl.gz")) -> str:
                          "timing": json.load(open(os.path.join(d, "timing.json"))) if os.path.isfile(os.path.join(d, "timing.json")) else None,
                          "eval_after": json.load(open(os.path.join(d, "eval_after.json"))),
                          "steps": [steps[k] for k in sorted(steps)], "completions": comps})
+    if not any(r["kind"] == "run" for r in recs):  # never replace the committed data by an empty file
+        raise SystemExit(f"no finished runs under {SMOL_RUNS}: {out} left as it is")
     write_jsonl_gz(out, recs)
     return out
 
