@@ -606,7 +606,7 @@ VERDICTS: dict[str, str] = {
         "answers. Runs were made by `python -m experiments.protocol.smol run ARM SEED` with one thread each, "
         "two at a time on the 2 cores (wall / CPU minutes in the table).\n\n"
         "**The default run (item 5): GTPO at learning rate 3e-4.** At the earlier default rate 5e-4, GTPO "
-        "collapsed on seed 2 (2.0 %: \"The answer is 6.\" to most problems, replies of ~7 tokens, reward ~0 "
+        "collapsed on seed 2 (2.0 %: \"The answer is N.\" with a guessed N to all 200 problems, replies of ~7 tokens, reward ~0 "
         "from step 22; the same seed had collapsed at commit 31fa962 too) and the best-looking variant (no "
         "division by the conflict count, γ only on varying groups) on seed 1 (6.0 %: bare numbers, KL(π_new‖π_old) "
         "0.11 per step against 0.002-0.035 in the runs that did not collapse). Both collapses follow the same "
