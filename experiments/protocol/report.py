@@ -78,7 +78,7 @@ SMOL_LABELS = {"gtpo_v0": "GTPO at lr 5e-4 (the default until 2026-12-01)",
                "gtpo_nodiv_varying": "GTPO, no division by the conflict count, gamma only on varying groups",
                "gtpo_lr3e-4": "GTPO at lr 3e-4 (gamma on all groups)",
                "gtpo_lr3e-4_varying": "GTPO at lr 3e-4, gamma only on varying groups",
-               "grpo_lr3e-4": "GRPO at lr 3e-4"}
+               "grpo_lr3e-4": "GRPO at lr 3e-4", "dr_grpo_lr3e-4": "Dr.GRPO at lr 3e-4"}
 
 
 def smol_run_stats(rec: dict, before: float) -> dict:
@@ -290,7 +290,7 @@ def onestep_section(data: dict[str, list[dict]]) -> tuple[str, dict]:
     return "\n".join(out), results
 
 
-def smol_section(default_arm: str, baseline_arms=("grpo_lr3e-4", "grpo", "gtpo_v0", "dr_grpo")) -> tuple[str, dict]:
+def smol_section(default_arm: str, baseline_arms=("grpo_lr3e-4", "dr_grpo_lr3e-4", "grpo", "gtpo_v0", "dr_grpo")) -> tuple[str, dict]:
     before, runs = load_smol()
     if before is None:
         return "(no data)\n", {}

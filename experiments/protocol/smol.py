@@ -58,6 +58,7 @@ ARMS: dict[str, list[str]] = {
     "gtpo_lr3e-4": [*LR_3],
     "gtpo_lr3e-4_varying": [*LR_3, "--gamma_groups", "varying"],
     "grpo_lr3e-4": [*LR_3, "--loss_type", "grpo", "--gamma", "0.0"],
+    "dr_grpo_lr3e-4": [*LR_3, "--loss_type", "dr_grpo", "--gamma", "0.0"],
 }
 
 
