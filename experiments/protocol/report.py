@@ -633,7 +633,8 @@ VERDICTS: dict[str, str] = {
         "measures evaluation noise only and ignores the seed-to-seed variation, so its p-values are not "
         "evidence of a difference between methods.) The new default against the old one (5e-4): +8.5 points, "
         "Wilcoxon p = 0.19: the lower rate removed the collapse; its accuracy gain is not significant at 5 "
-        "seeds. No Dr.GRPO or fixed-τ arm has run (item 4 is incomplete).\n"),
+        "seeds. Dr.GRPO at 3e-4 ran on seeds 0 and 1 only (45.0 / 34.5 %, none collapsed; "
+        "the other seeds did not run in the session's time); the fixed-τ arm has not run (item 4 is incomplete).\n"),
     "gpu": (
         "Claims 2 and 7 at the paper's scale (Qwen2.5-3B / Llama-3.1-8B, QLoRA, GSM8K): "
         "`gtpo train configs/paper/qwen2.5-3b-gsm8k-gtpo.yaml` and its `-grpo` / `-dapo` twins, each over 5 "
