@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 
 from . import stats
 from .common import DATA, ROOT, read_jsonl_gz
+from .smol import DEFAULT_ARM
 
 DOCS_MD = os.path.join(ROOT, "docs", "results.md")
 FIG_DIR = os.path.join(ROOT, "docs", "results", "protocol")
@@ -676,7 +677,7 @@ def _status_rows(onestep: dict, smol_res: dict, stress_res: dict, default_arm: s
     ]
 
 
-def write_results(default_arm: str = "gtpo_lr3e-4") -> str:
+def write_results(default_arm: str = DEFAULT_ARM) -> str:
     onestep = load_onestep()
     one_txt, one_res = onestep_section(onestep)
     smol_txt, smol_res = smol_section(default_arm)
@@ -719,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--default-arm", default="gtpo_lr3e-4", help="the SmolLM2 arm that is `gtpo train --demo`'s default")
+    p.add_argument("--default-arm", default=DEFAULT_ARM, help="the SmolLM2 arm that is `gtpo train --demo`'s default")
     args = p.parse_args(argv)
     print(write_results(args.default_arm))
     return 0

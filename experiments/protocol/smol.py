@@ -61,6 +61,9 @@ ARMS: dict[str, list[str]] = {
     "dr_grpo_lr3e-4": [*LR_3, "--loss_type", "dr_grpo", "--gamma", "0.0"],
 }
 
+#: the arm that is `gtpo train --demo` as src/gtpo/configs/default.yaml now sets it
+DEFAULT_ARM = "gtpo_lr3e-4"
+
 
 def run_dir(arm: str, seed: int) -> str:
     return os.path.join(SMOL_RUNS, arm, f"seed{seed}")
