@@ -79,7 +79,8 @@ SMOL_LABELS = {"gtpo_v0": "GTPO at lr 5e-4 (the default until 2026-12-01)",
                "gtpo_nodiv_varying": "GTPO, no division by the conflict count, gamma only on varying groups",
                "gtpo_lr3e-4": "GTPO at lr 3e-4 (gamma on all groups)",
                "gtpo_lr3e-4_varying": "GTPO at lr 3e-4, gamma only on varying groups",
-               "grpo_lr3e-4": "GRPO at lr 3e-4", "dr_grpo_lr3e-4": "Dr.GRPO at lr 3e-4"}
+               "grpo_lr3e-4": "GRPO at lr 3e-4", "dr_grpo_lr3e-4": "Dr.GRPO at lr 3e-4",
+               "gtpo_fixed07_lr3e-4": "GTPO at lr 3e-4, fixed tau 0.7 filter"}
 
 
 def smol_run_stats(rec: dict, before: float) -> dict:

@@ -59,6 +59,9 @@ ARMS: dict[str, list[str]] = {
     "gtpo_lr3e-4_varying": [*LR_3, "--gamma_groups", "varying"],
     "grpo_lr3e-4": [*LR_3, "--loss_type", "grpo", "--gamma", "0.0"],
     "dr_grpo_lr3e-4": [*LR_3, "--loss_type", "dr_grpo", "--gamma", "0.0"],
+    # item 4's fixed-tau arm at the default's rate: the released code's filter at tau 0.7 (acts: the
+    # mean entropy at temperature 0.7 is ~0.76, so completions above it are dropped)
+    "gtpo_fixed07_lr3e-4": [*LR_3, "--entropy_rule", "fixed", "--entropy_threshold", "0.7"],
 }
 
 #: the arm that is `gtpo train --demo` as src/gtpo/configs/default.yaml now sets it
