@@ -38,10 +38,13 @@ from .common import DATA, EXPERIMENTS, ROOT, RUNS, cpu_seconds, now, setup_env, 
 
 STRESS_RUNS = os.path.join(RUNS, "stress")
 V3 = os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0")
-STRESS_MODEL = os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0-stress1")
+#: stress1 (200 SFT steps at lr 1e-3) learned the error only weakly and not per prompt: sampled at
+#: temperature 1 it wrote "The answer is N." on 52 % of error-prompt samples and on 29 % of the others
+#: (5 % / 8 % before); stress2 trains longer and faster.
+STRESS_MODEL = os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0-stress2")
 P_ERROR = 0.9
 ERROR_C = (7, 8, 9)
-SFT = dict(max_steps=200, learning_rate=1e-3, batch_size=24, max_length=160, warmup_ratio=0.0,
+SFT = dict(max_steps=600, learning_rate=2e-3, batch_size=24, max_length=160, warmup_ratio=0.0,
            lr_scheduler_type="cosine")
 BASE_LR = 1e-4
 LR_FACTORS = (2.0, 3.0, 4.5, 6.5, 10.0)
@@ -111,8 +114,8 @@ def build() -> str:
 
 
 def measure(model_dir: str, n_prompts: int = 96, g: int = 8) -> dict:
-    """Sampled (temperature 1) format rate and entropy on error / other prompts, and the probability
-    of the error's first token at the decision point."""
+    """Sampled (temperature 1) rate of the systematic error ("The answer is N." and no answer block),
+    format rate, reward and entropy, on error prompts and on the others."""
     import torch
 
     from gtpo.data import load_task
@@ -132,6 +135,7 @@ def measure(model_dir: str, n_prompts: int = 96, g: int = 8) -> dict:
     err = [is_error_prompt(r["question"]) for r in rows for _ in range(g)]
     reward = paper_reward(completions=roll.texts, answer=answers)
     fmt = [paper_format_score(t) >= 10 for t in roll.texts]
+    error = ["The answer is" in t and "<answer>" not in t for t in roll.texts]
     with torch.no_grad():
         ids = torch.cat([roll.prompt_ids, roll.completion_ids], 1)
         attn = torch.cat([roll.prompt_mask, roll.completion_mask], 1)
@@ -145,6 +149,7 @@ def measure(model_dir: str, n_prompts: int = 96, g: int = 8) -> dict:
     other = [not e for e in err]
     groups = [reward[i:i + g] for i in range(0, len(reward), g)]
     return {"n_prompts": n_prompts, "frac_error_prompts": sum(err) / len(err),
+            "error_rate_error_prompts": avg(error, err), "error_rate_other": avg(error, other),
             "format_rate_error_prompts": avg(fmt, err), "format_rate_other": avg(fmt, other),
             "reward_error_prompts": avg(reward, err), "reward_other": avg(reward, other),
             "entropy_error_prompts": avg(seq.tolist(), err), "entropy_other": avg(seq.tolist(), other),
