@@ -371,6 +371,18 @@ def stress_section() -> tuple[str, dict]:
     arms = [a for a in STRESS_LABELS if any(o["arm"] == a for o in outc)]
     lrs = sorted({o["lr"] for o in outc})
     out, res = [], {"outcomes": outc}
+    if start:
+        out.append(f"*The stress model at the start (SFT {start['sft']['max_steps']} steps at lr {start['sft']['learning_rate']:g}; "
+                   f"{start['n_prompts']} training prompts x 8 samples at temperature 1).*\n")
+        out.append(table(["prompts", "share of samples %", "systematic error (\"The answer is N.\") %", "paper format ≥ 10 %",
+                          "mean paper reward (0-20)", "mean token entropy"],
+                         [["error prompts (third operand 7-9)", pct(start["frac_error_prompts"]),
+                           pct(start["error_rate_error_prompts"]), pct(start["format_rate_error_prompts"]),
+                           f"{start['reward_error_prompts']:.2f}", f"{start['entropy_error_prompts']:.3f}"],
+                          ["the other prompts", pct(1 - start["frac_error_prompts"]), pct(start["error_rate_other"]),
+                           pct(start["format_rate_other"]), f"{start['reward_other']:.2f}", f"{start['entropy_other']:.3f}"]])
+                   + "\n")
+    res["design"] = {"arms": arms, "lrs": lrs, "seeds": sorted({o["seed"] for o in outc}), "n": len(outc)}
     rows = []
     for arm in arms:
         row = [STRESS_LABELS[arm]]
@@ -667,7 +679,10 @@ def _status_rows(onestep: dict, smol_res: dict, stress_res: dict, default_arm: s
          "; ".join(f"`{k}`: {n} groups with reward variance" for k, n in n_one.items()) or "not run",
          "`experiments/data/onestep/*.jsonl.gz`"],
         ["1. claim 1 at SmolLM2's start", "not run (about 60 groups need ~2 CPU-hours here)", "—"],
-        ["2. claim 2, stress model and learning-rate grid", "ran" if stress_res else "not run yet (the grid is about 7 CPU-hours)",
+        ["2. claim 2, stress model and learning-rate grid",
+         (lambda d: f"{d['n']} runs: arms {', '.join(d['arms'])}; rates {', '.join(f'x{f:g}' for f in d['lrs'])}; "
+                    f"seeds {', '.join(map(str, d['seeds']))}")(stress_res["design"]) if stress_res
+         else "not run yet (the grid is about 7 CPU-hours)",
          "`experiments/data/stress.jsonl.gz`" if stress_res else "—"],
         ["3. claim 7, accuracy with power (8 paired seeds, 500 x 8 samples)", "not run (about 10 CPU-hours)", "—"],
         ["4. SmolLM2 on the default task, ≥ 5 seeds per arm (GTPO, GRPO, Dr.GRPO, fixed-τ arm)",

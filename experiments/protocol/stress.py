@@ -47,7 +47,9 @@ ERROR_C = (7, 8, 9)
 SFT = dict(max_steps=600, learning_rate=2e-3, batch_size=24, max_length=160, warmup_ratio=0.0,
            lr_scheduler_type="cosine")
 BASE_LR = 1e-4
-LR_FACTORS = (2.0, 3.0, 4.5, 6.5, 10.0)
+#: x15 was added after the pilot (GRPO and official GTPO, seeds 0-3, x2-x10): GTPO collapsed at no rate of
+#: the grid (GRPO 2 of 4 at x10), so the grid had no upper end for GTPO's critical rate
+LR_FACTORS = (2.0, 3.0, 4.5, 6.5, 10.0, 15.0)
 STEPS = 40
 ARMS: dict[str, list[str]] = {
     "grpo": ["--preset", "grpo"],
