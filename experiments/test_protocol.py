@@ -130,3 +130,31 @@ def test_smol_detailed_greedy_matches_cli(tmp_path):
     assert res["correct"] == [int(len(t) % 2 == 0) for t in res["texts"]]
     assert res["accuracy"] == sum(res["correct"]) / len(rows)
     assert _greedy_accuracy(model, tok, rows, reward, config) == pytest.approx(res["accuracy"], abs=0)
+
+
+def test_critical_lr_by_hand():
+    """Collapse fractions 0 (x2), 1/4 (x4), 3/4 (x8): 1/2 is crossed halfway between x4 and x8 on a log
+    scale, sqrt(4 * 8); a fraction >= 1/2 at the lowest rate returns that rate; never: None."""
+    from experiments.protocol.report import critical_lr
+
+    def runs(arm, f, n_coll, n):
+        return [{"arm": arm, "lr": f, "collapsed": i < n_coll} for i in range(n)]
+
+    outc = runs("a", 2.0, 0, 2) + runs("a", 4.0, 1, 4) + runs("a", 8.0, 3, 4)
+    assert critical_lr(outc, "a", [2.0, 4.0, 8.0]) == pytest.approx(math.sqrt(32.0), rel=1e-12)
+    assert critical_lr(runs("b", 2.0, 1, 2) + runs("b", 4.0, 2, 2), "b", [2.0, 4.0]) == 2.0
+    assert critical_lr(runs("c", 2.0, 0, 3) + runs("c", 4.0, 1, 3), "c", [2.0, 4.0]) is None
+
+
+def test_report_regenerates_from_committed_data(tmp_path, monkeypatch):
+    """docs/results.md is computed from experiments/data alone: regenerating it into a temporary place
+    gives the committed document, byte for byte (every table and verdict; figures are not compared)."""
+    from experiments.protocol import report
+
+    committed = open(report.DOCS_MD).read()
+    monkeypatch.setattr(report, "DOCS_MD", str(tmp_path / "results.md"))
+    monkeypatch.setattr(report, "FIG_DIR", str(tmp_path / "results" / "protocol"))
+    out = report.write_results()
+    assert open(out).read() == committed
+    if os.path.isfile(os.path.join(report.DATA, "stress.jsonl.gz")):
+        assert (tmp_path / "results" / "protocol" / "claim2_stress.png").is_file()
