@@ -14,6 +14,11 @@ at which the 5-step moving average of its mean paper reward falls below half of 
 1-5 (:func:`collapse_step`); a run that never does is censored at its last step. The paper's
 mechanism is also reported separately: the largest 5-step mean token entropy relative to the start.
 
+**What ran (2026-12-01).** A pilot (GRPO and official GTPO, x2-x10, seeds 0-3) found collapses only at
+x10; the grid then grew where runs collapse: x15 added, GRPO and official GTPO to 12 seeds at x10 and x15
+(6 at the lower rates), the other arms at x10 and x15 only (6 seeds; the controls and gamma-on-varying
+at x15 only). docs/results.md has every run.
+
 **Design.** Arms (:data:`ARMS`) x learning rates (:data:`LR_FACTORS` x 1e-4) x seeds, 40 steps
 each (``--max_steps``), ``log_policy_change`` on (update norm and KL(pi_new || pi_old) every step).
 The critical learning rate of an arm is where the collapse fraction crosses 1/2 (log-linear
