@@ -158,3 +158,43 @@ def test_report_regenerates_from_committed_data(tmp_path, monkeypatch):
     assert open(out).read() == committed
     if os.path.isfile(os.path.join(report.DATA, "stress.jsonl.gz")):
         assert (tmp_path / "results" / "protocol" / "claim2_stress.png").is_file()
+
+
+def test_claim7_splits_are_disjoint():
+    """Held-out (500) and validation (200) share no operands with each other or with the RL prompts; the
+    held-out split starts with the suite's 200 test problems; gold answers are a + b - c."""
+    import pretrain  # experiments/ (added to sys.path by claim7.make_splits)
+
+    from experiments.protocol import claim7
+
+    heldout, val, excluded = claim7.make_splits()
+    _, train, test = pretrain.make_splits(0)
+    h, v, t = ({tuple(p["_ops"]) for p in xs} for xs in (heldout, val, train))
+    assert (len(heldout), len(val)) == (claim7.N_HELDOUT, claim7.N_VAL) and len(h) == 500 and len(v) == 200
+    assert not (h & v) and not (h & t) and not (v & t) and excluded == h | v
+    assert [p["question"] for p in heldout[:200]] == [p["question"] for p in test]
+    for p in heldout + val:
+        a, b, c = p["_ops"]
+        assert p["answer"] == str(a + b - c) and f"{a} + {b} - {c}" in p["question"]
+    assert {p["origin"] for p in heldout} <= {"test", "never_seen", "pretrain_pool"}
+
+
+def test_claim7_chosen_lr(tmp_path, monkeypatch):
+    """The arm's rate is the highest mean validation pass@1 over the tuning seeds (ties: the smaller rate);
+    None while a tuning run has no evaluation."""
+    from experiments.protocol import claim7
+    from experiments.protocol.common import write_json
+
+    monkeypatch.setattr(claim7, "C7_RUNS", str(tmp_path))
+    monkeypatch.setattr(claim7, "TUNE_LRS", (1e-4, 2e-4, 4e-4))
+    monkeypatch.setattr(claim7, "TUNE_SEEDS", (0, 1))
+    scores = {1e-4: (0.25, 0.25), 2e-4: (0.375, 0.125), 4e-4: (0.3125, 0.125)}  # means 0.25, 0.25, 0.21875 (exact)
+    for lr, vals in scores.items():
+        for s, v in zip((0, 1), vals):
+            if (lr, s) != (4e-4, 1):
+                write_json(claim7.eval_path(claim7.run_dir("tune", "a", lr, s)), {"metrics": {"pass@1": v}})
+    assert claim7.chosen_lr("a") is None
+    write_json(claim7.eval_path(claim7.run_dir("tune", "a", 4e-4, 1)), {"metrics": {"pass@1": 0.125}})
+    assert claim7.chosen_lr("a") == 1e-4
+    write_json(claim7.eval_path(claim7.run_dir("tune", "a", 2e-4, 1)), {"metrics": {"pass@1": 0.25}})
+    assert claim7.chosen_lr("a") == 2e-4

@@ -564,6 +564,134 @@ def fig_stress(res: dict) -> str | None:
     return _save(fig, "claim2_stress.png")
 
 
+# ------------------------------------------------------------------ claim 7: accuracy with power
+C7_LABELS = {"gtpo": "GTPO (official preset)", "grpo": "GRPO", "dapo": "DAPO", "gtpo_paper": "GTPO (paper preset)",
+             "dr_grpo": "Dr.GRPO"}
+
+
+def load_claim7():
+    path = os.path.join(DATA, "claim7.jsonl.gz")
+    if not os.path.isfile(path):
+        return None, []
+    recs = read_jsonl_gz(path)
+    start = next((r for r in recs if r["kind"] == "start"), None)
+    return start, [r for r in recs if r["kind"] in ("tune", "final")]
+
+
+def claim7_section() -> tuple[str, dict]:
+    """Start model, tuning (validation pass@1 per arm x rate), finals (paired seeds) and paired tests against GTPO."""
+    start, runs = load_claim7()
+    if start is None:
+        return "", {}
+    out, res = [], {"start": start}
+    ho = start["heldout"]
+    origin = {"test": "the suite's test problems", "never_seen": "operands in no training data",
+              "pretrain_pool": "operands seen only in the first pretraining"}
+    out.append("**The start model.** Continued pretraining, validation pass@1 / pass@8 after each chunk: " + "; ".join(
+        f"{c['sft_steps']} steps {pct(c['validation']['pass@1'])} / {pct(c['validation']['pass@8'])} %"
+        + (" (kept: closest to 25 %)" if c["chunk"] == start["kept_chunk"] else "") for c in start["chunks"])
+        + f". On the 500 held-out problems ({', '.join(f'{n}: {origin.get(o, o)}' for o, n in start['heldout_origin'].items())}) "
+        f"the kept model starts at pass@1 {pct(ho['pass@1'])} %, pass@8 {pct(ho['pass@8'])} %, maj@8 {pct(ho['maj@8'])} %.\n")
+    tune = defaultdict(lambda: defaultdict(dict))
+    final = defaultdict(dict)
+    for r in runs:
+        (tune[r["arm"]][r["lr"]] if r["kind"] == "tune" else final[r["arm"]])[r["seed"]] = r
+    arms = [a for a in C7_LABELS if a in tune or a in final] + [a for a in tune if a not in C7_LABELS]
+    rows, chosen = [], {}
+    res["tune_means"] = {}
+    for arm in arms:
+        means = res["tune_means"].setdefault(arm, {})
+        for lr in sorted(tune[arm]):
+            seeds = tune[arm][lr]
+            vals = [seeds[s]["metrics"]["pass@1"] for s in sorted(seeds)]
+            means[lr] = statistics.mean(vals)
+            rows.append([C7_LABELS.get(arm, arm), f"{lr:g}", ", ".join(map(str, sorted(seeds))),
+                         " / ".join(pct(v) for v in vals), pct(means[lr]),
+                         sum(bool(seeds[s].get("stopped")) for s in seeds)])
+        if final.get(arm):
+            chosen[arm] = next(iter(final[arm].values()))["lr"]
+    res["chosen"] = chosen
+    if rows:
+        out.append("**Tuning** (validation split, 200 problems x 8 samples; the chosen rate is the highest mean "
+                   "pass@1):\n")
+        out.append(table(["arm", "learning rate", "tuning seeds", "validation pass@1 % per seed", "mean %",
+                          "runs stopped (non-finite)"], rows) + "\n")
+    frows, per_seed = [], {}
+    for arm in arms:
+        seeds = final.get(arm)
+        if not seeds:
+            continue
+        per_seed[arm] = {s: seeds[s]["metrics"] for s in sorted(seeds)}
+        res.setdefault("final_steps", {})[arm] = [seeds[s]["steps"] for s in sorted(seeds)]
+        ms = per_seed[arm]
+        frows.append([C7_LABELS.get(arm, arm), f"{chosen[arm]:g}", len(ms),
+                      " / ".join(pct(m["pass@1"]) for m in ms.values()),
+                      mean_sd([100 * m["pass@1"] for m in ms.values()]),
+                      mean_sd([100 * m["pass@8"] for m in ms.values()]),
+                      mean_sd([100 * m["maj@8"] for m in ms.values()]),
+                      mean_sd([100 * m["format_rate"] for m in ms.values() if "format_rate" in m])])
+    res["final"] = per_seed
+    if frows:
+        frows.insert(0, ["start model", "—", "—", "—", pct(ho["pass@1"]), pct(ho["pass@8"]), pct(ho["maj@8"]),
+                         pct(ho["format_rate"]) if "format_rate" in ho else "—"])
+        out.append(f"**Held-out** (500 problems x 8 samples at temperature 1; answers from the `<answer>` tag):\n")
+        out.append(table(["arm", "learning rate", "seeds", "pass@1 % per seed", "pass@1 %", "pass@8 %", "maj@8 %",
+                          "format rate %"], frows) + "\n")
+    comp = []
+    if "gtpo" in per_seed:
+        for arm in arms:
+            if arm == "gtpo" or arm not in per_seed:
+                continue
+            shared = sorted(set(per_seed["gtpo"]) & set(per_seed[arm]))
+            if len(shared) < 3:
+                continue
+            for metric in ("pass@1", "pass@8", "maj@8"):
+                diffs = [per_seed["gtpo"][s][metric] - per_seed[arm][s][metric] for s in shared]
+                w = stats.wilcoxon_signed_rank(diffs)
+                t = stats.paired_t(diffs)
+                mdd = stats.mdd_paired(t["sd"], len(shared)) if t["sd"] == t["sd"] else float("nan")
+                comp.append([f"GTPO − {C7_LABELS.get(arm, arm)}", metric, len(shared), f"{100 * statistics.mean(diffs):+.2f}",
+                             f"W+ = {w['w_plus']:.0f}, p = {fmt_p(w['p'])}", f"t = {t['t']:.2f}, p = {fmt_p(t['p'])}",
+                             f"{100 * mdd:.2f}"])
+                res[("vs", arm, metric)] = {"diffs": diffs, "wilcoxon": w, "t": t, "mdd": mdd}
+    if comp:
+        out.append(table(["difference (points)", "metric", "paired seeds", "mean", "Wilcoxon signed-rank", "paired t",
+                          "MDD (80 % power, points)"], comp) + "\n")
+    return "\n".join(out), res
+
+
+def fig_claim7(res: dict) -> str | None:
+    """Tuning curves (validation pass@1 vs learning rate), and the final runs' mean training accuracy and
+    entropy per step, per arm."""
+    if not res or not res.get("tune_means"):
+        return None
+    fig, axes = _figure(3, 1, w=4.2, h=3.3)
+    for i, (arm, means) in enumerate(res["tune_means"].items()):
+        lrs = sorted(means)
+        axes[0][0].plot(lrs, [100 * means[lr] for lr in lrs], marker="o", ms=3, lw=1, color=f"C{i}",
+                        label=C7_LABELS.get(arm, arm))
+        runs = res.get("final_steps", {}).get(arm)
+        if not runs:
+            continue
+        n = min(len(r) for r in runs)
+        for ax, key, scale in ((axes[0][1], "reward/paper_accuracy/mean", 100.0), (axes[0][2], "entropy/mean", 1.0)):
+            ys = [scale * statistics.mean(r[t].get(key, float("nan")) for r in runs) for t in range(n)]
+            k = 10  # moving mean over 10 steps
+            sm = [statistics.mean(ys[max(0, t - k + 1):t + 1]) for t in range(n)]
+            ax.plot([r["step"] for r in runs[0][:n]], sm, color=f"C{i}", lw=1,
+                    label=f"{C7_LABELS.get(arm, arm)} (lr {res['chosen'][arm]:g}, n={len(runs)})")
+    axes[0][0].set_xscale("log")
+    axes[0][0].set_xlabel("learning rate")
+    axes[0][0].set_ylabel("validation pass@1 %, mean of tuning seeds")
+    axes[0][0].legend(fontsize=6)
+    axes[0][1].set_xlabel("step")
+    axes[0][1].set_ylabel("training accuracy % (10-step mean)")
+    axes[0][2].set_xlabel("step")
+    axes[0][2].set_ylabel("token entropy (10-step mean)")
+    axes[0][1].legend(fontsize=6)
+    return _save(fig, "claim7_accuracy.png")
+
+
 # ------------------------------------------------------------------ the document
 #: the human reading of the numbers (edit when the data change); the tables above them are computed
 VERDICTS: dict[str, str] = {
@@ -730,20 +858,25 @@ def _item5_state(smol_res: dict, default_arm: str) -> str:
             f"(worst {100 * min(s['gain'] for s in sts.values()):+.1f})")
 
 
-def _status_rows(onestep: dict, smol_res: dict, stress_res: dict, default_arm: str) -> list[list[str]]:
+def _status_rows(onestep: dict, smol_res: dict, stress_res: dict, c7_res: dict, default_arm: str) -> list[list[str]]:
     n_one = {k: sum(r["varying"] for r in v) for k, v in onestep.items()}
     smol_seeds = {arm: sorted(s) for arm, s in (smol_res.get("stats") or {}).items()}
     return [
         ["1. claim 1, paired one-step updates (≥ 200 groups per state)",
-         "; ".join(f"`{k}`: {n} groups with reward variance" for k, n in n_one.items()) or "not run",
-         "`experiments/data/onestep/*.jsonl.gz`"],
-        ["1. claim 1 at SmolLM2's start", "not run (about 60 groups need ~2 CPU-hours here)", "—"],
+         "; ".join(f"`{k}`: {n} groups with reward variance" for k, n in n_one.items() if k.startswith("tiny-"))
+         or "not run", "`experiments/data/onestep/tiny-*.jsonl.gz`"],
+        ["1. claim 1 at SmolLM2's start",
+         "; ".join(f"`{k}`: {n} groups with reward variance" for k, n in n_one.items() if k.startswith("smol-"))
+         or "not run", "`experiments/data/onestep/smol-*.jsonl.gz`" if any(k.startswith("smol-") for k in n_one) else "—"],
         ["2. claim 2, stress model and learning-rate grid",
          (lambda d: f"{d['n']} runs: arms {', '.join(d['arms'])}; rates {', '.join(f'x{f:g}' for f in d['lrs'])}; "
                     f"seeds {', '.join(map(str, d['seeds']))}")(stress_res["design"]) if stress_res
          else "not run yet (the grid is about 7 CPU-hours)",
          "`experiments/data/stress.jsonl.gz`" if stress_res else "—"],
-        ["3. claim 7, accuracy with power (8 paired seeds, 500 x 8 samples)", "not run (about 10 CPU-hours)", "—"],
+        ["3. claim 7, accuracy with power (≥ 8 paired seeds, 500 x 8 samples)",
+         (lambda f: "; ".join(f"{C7_LABELS.get(a, a)}: {len(ms)} seeds" for a, ms in f.items()) or "tuning only")(
+             c7_res.get("final", {})) if c7_res else "not run",
+         "`experiments/data/claim7.jsonl.gz`" if c7_res else "—"],
         ["4. SmolLM2 on the default task, ≥ 5 seeds per arm (GTPO, GRPO, Dr.GRPO, fixed-τ arm)",
          "; ".join(f"{SMOL_LABELS.get(a, a)}: seeds {', '.join(map(str, s))}" for a, s in smol_seeds.items()) or "not run",
          "`experiments/data/smol.jsonl.gz`" if smol_seeds else "—"],
@@ -757,7 +890,8 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
     one_txt, one_res = onestep_section(onestep)
     smol_txt, smol_res = smol_section(default_arm)
     stress_txt, stress_res = stress_section()
-    figs = {"onestep": fig_onestep(onestep), "stress": fig_stress(stress_res)}
+    c7_txt, c7_res = claim7_section()
+    figs = {"onestep": fig_onestep(onestep), "stress": fig_stress(stress_res), "claim7": fig_claim7(c7_res)}
     if smol_res:
         figs["smol"] = fig_smol(smol_res, default_arm, list(smol_res["stats"]))
     parts = [
@@ -767,7 +901,7 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
         "nothing here needs training to regenerate. The earlier suite's results, which could not decide most "
         "claims (see issue 16), are kept in [results-suite.md](results-suite.md).\n",
         "## Where the protocol stands\n",
-        table(["protocol item", "state", "raw data"], _status_rows(onestep, smol_res, stress_res, default_arm)) + "\n",
+        table(["protocol item", "state", "raw data"], _status_rows(onestep, smol_res, stress_res, c7_res, default_arm)) + "\n",
         VERDICTS.get("status", ""),
         "## Claim 1: GRPO pushes down tokens shared by positive and negative completions; GTPO protects them\n",
         VERDICTS.get("claim1_design", ""),
@@ -779,7 +913,8 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
               "## Claim 2: GRPO collapses where GTPO stays stable\n", VERDICTS.get("claim2", ""),
               stress_txt if stress_res else "",
               f"![claim 2, stress grid]({figs['stress']})\n" if figs.get("stress") else "",
-              "## Claim 7: GTPO reaches higher accuracy\n", VERDICTS.get("claim7", ""),
+              "## Claim 7: GTPO reaches higher accuracy\n", VERDICTS.get("claim7", ""), c7_txt,
+              f"![claim 7, accuracy]({figs['claim7']})\n" if figs.get("claim7") else "",
               "## SmolLM2-135M on the default task\n", VERDICTS.get("smol", ""), smol_txt if smol_res else "(no runs yet)\n"]
     if figs.get("smol"):
         parts.append(f"![default task]({figs['smol']})\n")
