@@ -236,11 +236,26 @@ def chosen_lr(arm: str) -> float | None:
     return max(TUNE_LRS, key=lambda lr: (means[lr], -lr))  # ties: the smaller rate
 
 
+#: Secondary comparison, added after GRPO's and GTPO's tuned rates were known (exploratory, not part of
+#: the declared design): ARM at the rate chosen for OTHER, on the final seeds, so that GTPO and GRPO are
+#: also compared at the same learning rate (GRPO's own tuning chose a different one).
+SAME_LR: dict[str, str] = {"grpo": "gtpo"}
+
+
+def job_lr(kind: str, arm: str, lr: float) -> float | None:
+    """The learning rate of a job: its own (tune), the arm's chosen one (final), or SAME_LR's (samelr)."""
+    if kind == "tune":
+        return lr
+    return chosen_lr(arm if kind == "final" else SAME_LR[arm])
+
+
 def jobs() -> list[tuple[str, str, float, int]]:
     out = []
     for arm in ARMS:
         out += [("tune", arm, lr, s) for s in TUNE_SEEDS for lr in TUNE_LRS]
         out += [("final", arm, -1.0, s) for s in FINAL_SEEDS]
+    for arm in SAME_LR:
+        out += [("samelr", arm, -1.0, s) for s in FINAL_SEEDS]
     return out
 
 
@@ -267,11 +282,10 @@ def work(poll_s: float = 20.0) -> None:
     while True:
         pending, ran = 0, False
         for kind, arm, lr, seed in jobs():
-            if kind == "final":
-                lr = chosen_lr(arm)
-                if lr is None:
-                    pending += 1
-                    continue
+            lr = job_lr(kind, arm, lr)
+            if lr is None:
+                pending += 1
+                continue
             d = run_dir(kind, arm, lr, seed)
             if os.path.isfile(eval_path(d)):
                 continue
@@ -309,16 +323,16 @@ def export(out: str = os.path.join(DATA, "claim7.jsonl.gz")) -> str:
             "kl/new_old", "frac_zero_std_groups", "gtpo/filtered_frac", "gtpo/conflict_frac", "completion_length/mean",
             "step")
     for kind, arm, lr, seed in jobs():
-        if kind == "final":
-            lr = chosen_lr(arm)
-            if lr is None:
-                continue
+        lr = job_lr(kind, arm, lr)
+        if lr is None:
+            continue
         d = run_dir(kind, arm, lr, seed)
         if run_status(d) != "done" or not os.path.isfile(eval_path(d)):
             continue
         ev = json.load(open(eval_path(d)))
         recs.append({"kind": kind, "arm": arm, "lr": lr, "seed": seed, "argv": argv_for(arm, lr, seed),
                      "metrics": ev["metrics"], "per_problem": _per_problem(ev), "stopped": ev.get("stopped"),
+                     "eval_timing": ev.get("timing"),
                      "timing": json.load(open(os.path.join(d, "timing.json"))) if os.path.isfile(os.path.join(d, "timing.json")) else None,
                      "steps": [{k: m[k] for k in keep if k in m} for m in step_metrics(d)]})
     write_jsonl_gz(out, recs)
@@ -329,11 +343,10 @@ def plan() -> None:
     for arm in ARMS:
         print(arm, "chosen lr:", chosen_lr(arm))
     for kind, arm, lr, seed in jobs():
-        if kind == "final":
-            lr = chosen_lr(arm)
-            if lr is None:
-                print(kind, arm, "waiting", seed)
-                continue
+        lr = job_lr(kind, arm, lr)
+        if lr is None:
+            print(kind, arm, "waiting", seed)
+            continue
         p = eval_path(run_dir(kind, arm, lr, seed))
         m = json.load(open(p))["metrics"] if os.path.isfile(p) else None
         print(kind, arm, f"{lr:g}", seed, "-" if m is None else f"pass@1 {m['pass@1']:.3f} pass@8 {m['pass@8']:.3f}")
