@@ -45,7 +45,7 @@ import shutil
 import sys
 import time
 
-from .common import DATA, EXPERIMENTS, ROOT, RUNS, cpu_seconds, now, read_jsonl, setup_env, write_json, write_jsonl_gz
+from .common import DATA, EXPERIMENTS, ROOT, RUNS, cpu_seconds, setup_env, write_json, write_jsonl_gz
 
 C7_RUNS = os.path.join(RUNS, "claim7")
 V3 = os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0")
