@@ -224,6 +224,8 @@ def run(model_name: str, state: str, variant: str, n_groups: int, seed: int, out
     records = list(done)
     varying = sum(1 for r in records if r["varying"])
     tries = len(records) and max(r["try"] for r in records) + 1
+    for _ in range(tries):  # a resumed run continues the uninterrupted sequence of prompts
+        rng.randrange(len(trainer.train_dataset))
     t0, c0 = time.time(), cpu_seconds()
     print(f"[onestep] {now()} {model_name} {state} {variant}: {varying} varying groups done", flush=True)
     while varying < n_groups and (max_tries is None or tries < max_tries):
