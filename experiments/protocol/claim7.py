@@ -152,9 +152,10 @@ def build(log=print) -> str:
     _write_rows(os.path.join(work, "data", "heldout.jsonl"), heldout)
     _write_rows(os.path.join(work, "data", "validation.jsonl"), val)
     rng = random.Random(17)
-    model, tok = load_model_and_tokenizer(os.path.join(V3, "model"))
+    base = os.path.join(V3, "model")
+    model, tok = load_model_and_tokenizer(base)
     chunks = []
-    cur = os.path.join(V3, "model")
+    cur = base
     for i in range(MAX_CHUNKS):
         rows = []
         while len(rows) < CHUNK_STEPS * SFT["batch_size"]:
@@ -179,10 +180,10 @@ def build(log=print) -> str:
                 shutil.rmtree(cur)
                 cur = prev
                 chunks[-1]["kept"] = False
-            elif prev != os.path.join(V3, "model"):
+            elif prev != base:
                 shutil.rmtree(prev)
             break
-        if prev != os.path.join(V3, "model") and len(chunks) > 1:
+        if prev != base:
             shutil.rmtree(prev)
         model, tok = load_model_and_tokenizer(out)
     os.replace(cur, os.path.join(work, "model"))
@@ -242,20 +243,16 @@ def chosen_lr(arm: str) -> float | None:
 SAME_LR: dict[str, str] = {"grpo": "gtpo"}
 
 
-def job_lr(kind: str, arm: str, lr: float) -> float | None:
-    """The learning rate of a job: its own (tune), the arm's chosen one (final), or SAME_LR's (samelr)."""
-    if kind == "tune":
-        return lr
-    return chosen_lr(arm if kind == "final" else SAME_LR[arm])
-
-
-def jobs() -> list[tuple[str, str, float, int]]:
+def jobs() -> list[tuple[str, str, float | None, int]]:
+    """Every job (kind, arm, learning rate, seed) in run order. The rate of a final job is the arm's chosen one
+    and of a samelr job SAME_LR's; None while that arm's tuning is unfinished (read once per call)."""
+    chosen = {arm: chosen_lr(arm) for arm in ARMS}
     out = []
     for arm in ARMS:
         out += [("tune", arm, lr, s) for s in TUNE_SEEDS for lr in TUNE_LRS]
-        out += [("final", arm, -1.0, s) for s in FINAL_SEEDS]
-    for arm in SAME_LR:
-        out += [("samelr", arm, -1.0, s) for s in FINAL_SEEDS]
+        out += [("final", arm, chosen[arm], s) for s in FINAL_SEEDS]
+    for arm, other in SAME_LR.items():
+        out += [("samelr", arm, chosen[other], s) for s in FINAL_SEEDS]
     return out
 
 
@@ -282,7 +279,6 @@ def work(poll_s: float = 20.0) -> None:
     while True:
         pending, ran = 0, False
         for kind, arm, lr, seed in jobs():
-            lr = job_lr(kind, arm, lr)
             if lr is None:
                 pending += 1
                 continue
@@ -323,7 +319,6 @@ def export(out: str = os.path.join(DATA, "claim7.jsonl.gz")) -> str:
             "kl/new_old", "frac_zero_std_groups", "gtpo/filtered_frac", "gtpo/conflict_frac", "completion_length/mean",
             "step")
     for kind, arm, lr, seed in jobs():
-        lr = job_lr(kind, arm, lr)
         if lr is None:
             continue
         d = run_dir(kind, arm, lr, seed)
@@ -343,7 +338,6 @@ def plan() -> None:
     for arm in ARMS:
         print(arm, "chosen lr:", chosen_lr(arm))
     for kind, arm, lr, seed in jobs():
-        lr = job_lr(kind, arm, lr)
         if lr is None:
             print(kind, arm, "waiting", seed)
             continue

@@ -169,13 +169,18 @@ def onestep_arm_table(recs: list[dict], mode: str, metric: str) -> tuple[list[li
 
 
 # ------------------------------------------------------------------ claim 2: stress
-def load_stress():
-    path = os.path.join(DATA, "stress.jsonl.gz")
+def load_start_and_runs(name: str, kinds: tuple[str, ...]) -> tuple[dict | None, list[dict]]:
+    """(the ``start`` record, the records of ``kinds``) of ``experiments/data/<name>``; (None, []) if absent."""
+    path = os.path.join(DATA, name)
     if not os.path.isfile(path):
         return None, []
     recs = read_jsonl_gz(path)
     start = next((r for r in recs if r["kind"] == "start"), None)
-    return start, [r for r in recs if r["kind"] == "run"]
+    return start, [r for r in recs if r["kind"] in kinds]
+
+
+def load_stress():
+    return load_start_and_runs("stress.jsonl.gz", ("run",))
 
 
 def stress_outcomes(runs: list[dict]) -> list[dict]:
@@ -570,12 +575,7 @@ C7_LABELS = {"gtpo": "GTPO (official preset)", "grpo": "GRPO", "dapo": "DAPO", "
 
 
 def load_claim7():
-    path = os.path.join(DATA, "claim7.jsonl.gz")
-    if not os.path.isfile(path):
-        return None, []
-    recs = read_jsonl_gz(path)
-    start = next((r for r in recs if r["kind"] == "start"), None)
-    return start, [r for r in recs if r["kind"] in ("tune", "final", "samelr")]
+    return load_start_and_runs("claim7.jsonl.gz", ("tune", "final", "samelr"))
 
 
 def claim7_section() -> tuple[str, dict]:
