@@ -27,7 +27,7 @@ rescored: wrong completions are then a shared prefix plus EOS, shorter than the 
 GRPO's 1/|o| weighting pushes the shared prefix down by Σ_i A_i/|o_i| < 0).
 
     python -m experiments.protocol.onestep tiny --state start|CHECKPOINT --groups 250 --variant natural
-    python -m experiments.protocol.onestep smol --groups 60
+    python -m experiments.protocol.onestep smol --max-tries 100 [--seed 1]   # seeds >0: more groups, own file
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ def run(model_name: str, state: str, variant: str, n_groups: int, seed: int, out
         prefix, suffix = conflict_runs(roll.completion_ids, mask, adv_none, g)
         with torch.no_grad():
             old_logp, old_ent = trainer._forward(roll, slice(None), mask)
-        rec = {"model": model_name, "state": state, "variant": variant, "try": tries, "row": row,
+        rec = {"model": model_name, "state": state, "variant": variant, "seed": seed, "try": tries, "row": row,
                "varying": is_varying, "rewards": rewards.tolist(), "lengths": roll.completion_mask.sum(1).tolist(),
                "entropy": float((old_ent * mask).sum() / mask.sum()), "arms": {}}
         grpo_norm = None
@@ -285,8 +285,8 @@ def run(model_name: str, state: str, variant: str, n_groups: int, seed: int, out
         records.append(rec)
         varying += int(is_varying)
         tries += 1
+        write_jsonl_gz(out_path, records)  # every group: a kill loses at most the group in progress
         if tries % 10 == 0:
-            write_jsonl_gz(out_path, records)
             el = time.time() - t0
             print(f"[onestep] {now()} {tries} groups ({varying} varying) {el / 60:.1f} min", flush=True)
     write_jsonl_gz(out_path, records)
@@ -325,7 +325,10 @@ def main(argv=None) -> int:
         args.label = args.label or args.state
         args.state = os.path.join(CKPT_RUN, f"checkpoint-{args.state[4:]}")
     label = args.label or ("start" if args.state == "start" else os.path.basename(os.path.normpath(args.state)))
-    out = os.path.join(DATA, "onestep", f"{args.model}-{label}-{args.variant}.jsonl.gz")
+    # another seed is another, independent stream of groups in its own file (two processes can then share a
+    # state's measurement); the report pools the files of one state and variant
+    shard = "" if args.seed == 0 else f"-seed{args.seed}"
+    out = os.path.join(DATA, "onestep", f"{args.model}-{label}-{args.variant}{shard}.jsonl.gz")
     run(args.model, args.state, args.variant, args.groups, args.seed, out, args.max_tries)
     return 0
 

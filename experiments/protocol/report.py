@@ -136,9 +136,10 @@ def load_onestep() -> dict[str, list[dict]]:
     d = os.path.join(DATA, "onestep")
     out = {}
     if os.path.isdir(d):
-        for name in sorted(os.listdir(d)):
-            if name.endswith(".jsonl.gz"):
-                out[name[:-len(".jsonl.gz")]] = read_jsonl_gz(os.path.join(d, name))
+        for name in sorted(os.listdir(d), key=lambda n: n.split(".")[0]):  # a state's seed-0 file first
+            if name.endswith(".jsonl.gz"):  # `<state>-seedN` files are more groups of `<state>`
+                key = re.sub(r"-seed\d+$", "", name[:-len(".jsonl.gz")])
+                out.setdefault(key, []).extend(read_jsonl_gz(os.path.join(d, name)))
     return out
 
 
