@@ -198,3 +198,42 @@ def test_claim7_chosen_lr(tmp_path, monkeypatch):
     assert claim7.chosen_lr("a") == 1e-4
     write_json(claim7.eval_path(claim7.run_dir("tune", "a", 2e-4, 1)), {"metrics": {"pass@1": 0.25}})
     assert claim7.chosen_lr("a") == 2e-4
+
+
+def _stress_start(**kw):
+    base = {"error_rate_error_prompts": 0.851, "error_rate_other": 0.076, "entropy_other": 0.178}
+    return {**base, **kw}
+
+
+def test_stress_refuses_to_mix_two_models(tmp_path, monkeypatch):
+    import json
+
+    from experiments.protocol import stress
+    from experiments.protocol.common import write_jsonl_gz
+
+    model = tmp_path / "stress-model"
+    model.mkdir()
+    monkeypatch.setattr(stress, "STRESS_MODEL", str(model))
+    data = str(tmp_path / "stress.jsonl.gz")
+    write_jsonl_gz(data, [{"kind": "start", "build_seconds": 850.0, **_stress_start()}])
+    # the same model built at another speed: the build keys do not count
+    (model / "start.json").write_text(json.dumps({"build_seconds": 452.0, **_stress_start()}))
+    stress.check_same_model(data)
+    (model / "start.json").write_text(json.dumps(_stress_start(error_rate_other=0.112)))
+    with pytest.raises(SystemExit, match="error_rate_other"):
+        stress.check_same_model(data)
+    stress.check_same_model(str(tmp_path / "none.jsonl.gz"))  # no data file yet: nothing to mix
+
+
+def test_stress_export_keeps_committed_runs(tmp_path, monkeypatch):
+    from experiments.protocol import stress
+    from experiments.protocol.common import read_jsonl_gz, write_jsonl_gz
+
+    monkeypatch.setattr(stress, "STRESS_RUNS", str(tmp_path / "runs"))  # no run directory on this machine
+    data = str(tmp_path / "stress.jsonl.gz")
+    old = [{"kind": "start", **_stress_start()},
+           {"kind": "run", "arm": "grpo", "lr_factor": 10.0, "lr": 1e-3, "seed": 3, "steps": [{"step": 1}]},
+           {"kind": "run", "arm": "unknown_arm", "lr_factor": 10.0, "lr": 1e-3, "seed": 0, "steps": []}]
+    write_jsonl_gz(data, old)
+    stress.export(data)
+    assert read_jsonl_gz(data) == old[:2]  # runs of arms no longer in the grid are not resurrected

@@ -39,7 +39,8 @@ import random
 import sys
 import time
 
-from .common import DATA, EXPERIMENTS, ROOT, RUNS, cpu_seconds, now, setup_env, write_json, write_jsonl_gz
+from .common import (DATA, EXPERIMENTS, ROOT, RUNS, cpu_seconds, now, read_jsonl_gz, setup_env, write_json,
+                     write_jsonl_gz)
 
 STRESS_RUNS = os.path.join(RUNS, "stress")
 V3 = os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0")
@@ -191,17 +192,47 @@ def collapse_step(rewards: list[float], window: int = 5, frac: float = 0.5) -> i
     return None
 
 
+#: start-record keys that describe the build, not the model
+_BUILD_KEYS = ("kind", "build_seconds", "build_cpu_seconds")
+
+
+def check_same_model(data: str = os.path.join(DATA, "stress.jsonl.gz")) -> None:
+    """Refuse to mix runs of two stress models. The build is not reproducible across sessions (a rebuild
+    on a later session's machine samples the error on 11.2 % of the other prompts, the model of the
+    committed runs on 7.6 %), so new runs may join the data file only when the cached model measures
+    exactly as the file's start record."""
+    if not os.path.isfile(data):
+        return
+    old = next((r for r in read_jsonl_gz(data) if r["kind"] == "start"), None)
+    new = json.load(open(os.path.join(STRESS_MODEL, "start.json")))
+    if old is None:
+        return
+    diff = sorted(k for k in set(old) | set(new) if k not in _BUILD_KEYS and old.get(k) != new.get(k))
+    if diff:
+        raise SystemExit(
+            f"stress: the model in {STRESS_MODEL} is not the one that made the runs in {data} (they differ in "
+            f"{', '.join(diff)}; e.g. error_rate_other {new.get('error_rate_other')} here, "
+            f"{old.get('error_rate_other')} in the file). Extend the grid on the machine that built it, or move "
+            f"{data} away and run the whole grid with this model.")
+
+
 def export(out: str = os.path.join(DATA, "stress.jsonl.gz")) -> str:
     from .tinyruns import run_status, step_metrics
 
-    recs = []
-    if os.path.isfile(os.path.join(STRESS_MODEL, "start.json")):
+    # runs already in the data file whose directories are gone (another machine, a cleaned cache) are kept:
+    # the file is the record, the run directories only a working copy
+    old = read_jsonl_gz(out) if os.path.isfile(out) else []
+    recs = [r for r in old if r["kind"] == "start"][:1]
+    if not recs and os.path.isfile(os.path.join(STRESS_MODEL, "start.json")):
         recs.append({"kind": "start", **json.load(open(os.path.join(STRESS_MODEL, "start.json")))})
+    kept = {(r["arm"], r["lr_factor"], r["seed"]): r for r in old if r["kind"] == "run"}
     for arm in ARMS:
         for f in LR_FACTORS:
             for seed in range(20):
                 d = run_dir(arm, f, seed)
                 if run_status(d) != "done":
+                    if (arm, f, seed) in kept:
+                        recs.append(kept[(arm, f, seed)])
                     continue
                 keep = ("reward/mean", "entropy/mean", "reward/paper_format/mean", "reward/paper_accuracy/mean",
                         "update_norm", "kl/new_old", "kl/old_new", "grad_norm", "frac_zero_std_groups",
@@ -237,6 +268,7 @@ def main(argv=None) -> int:
         print(json.dumps(json.load(open(os.path.join(out, "start.json"))), indent=1))
         return 0
     if args.cmd == "export":
+        check_same_model()
         print(export())
         return 0
     from .tinyruns import execute
@@ -245,6 +277,7 @@ def main(argv=None) -> int:
         if a not in ARMS:
             p.error(f"unknown arm {a}")
     build()
+    check_same_model()
     jobs = [(a, f, s) for s in args.seeds for f in args.lrs for a in args.arms] if args.order == "seed" else \
         [(a, f, s) for a in args.arms for f in args.lrs for s in args.seeds]
     for a, f, s in jobs:
