@@ -1,4 +1,4 @@
-"""Claim 7, accuracy with power (issue 16, item 3): GTPO vs GRPO (and DAPO) on the tiny model.
+"""Claim 7, accuracy with power (issue 16, item 3): GTPO vs GRPO, DAPO and Dr.GRPO on the tiny model.
 
 **The start model.** The suite's tiny model (``experiments/pretrain.py``, v3) starts far too low for an
 accuracy comparison (sampled accuracy ~3 %, pass@8 ~30 %: it can barely add). This module continues its
@@ -72,9 +72,8 @@ ARMS: dict[str, list[str]] = {
     "grpo": ["--preset", "grpo"],
     "dapo": ["--preset", "dapo"],
     "gtpo_paper": ["--preset", "paper"],  # the paper's printed objective and <H>_ini filter rule
+    "dr_grpo": ["--preset", "dr_grpo"],   # added after the other four had run (the same design, seeds and splits)
 }
-#: Dr.GRPO (``--preset dr_grpo``) was planned as a fifth arm and dropped before any of its runs for the
-#: session's time (31 runs, ~25 minutes on these 2 cores); add it here to run it (the same design).
 
 
 # ------------------------------------------------------------------ the start model and the splits
