@@ -218,6 +218,9 @@ def test_stress_refuses_to_mix_two_models(tmp_path, monkeypatch):
     write_jsonl_gz(data, [{"kind": "start", "build_seconds": 850.0, **_stress_start()}])
     # the same model built at another speed: the build keys do not count
     (model / "start.json").write_text(json.dumps({"build_seconds": 452.0, **_stress_start()}))
+    monkeypatch.setattr(stress, "STRESS_MODEL", str(tmp_path / "not-built"))
+    stress.check_same_model(data)  # no model on this machine: export keeps the committed runs, nothing to mix
+    monkeypatch.setattr(stress, "STRESS_MODEL", str(model))
     stress.check_same_model(data)
     (model / "start.json").write_text(json.dumps(_stress_start(error_rate_other=0.112)))
     with pytest.raises(SystemExit, match="error_rate_other"):
