@@ -205,7 +205,7 @@ def _stress_start(**kw):
     return {**base, **kw}
 
 
-def test_stress_refuses_to_mix_two_models(tmp_path, monkeypatch):
+def test_stress_refuses_to_mix_two_models(tmp_path):
     import json
 
     from experiments.protocol import stress
@@ -213,30 +213,40 @@ def test_stress_refuses_to_mix_two_models(tmp_path, monkeypatch):
 
     model = tmp_path / "stress-model"
     model.mkdir()
-    monkeypatch.setattr(stress, "STRESS_MODEL", str(model))
     data = str(tmp_path / "stress.jsonl.gz")
+    rep = stress.Replicate("t", str(model), str(tmp_path / "runs"), data)
     write_jsonl_gz(data, [{"kind": "start", "build_seconds": 850.0, **_stress_start()}])
     # the same model built at another speed: the build keys do not count
     (model / "start.json").write_text(json.dumps({"build_seconds": 452.0, **_stress_start()}))
-    monkeypatch.setattr(stress, "STRESS_MODEL", str(tmp_path / "not-built"))
-    stress.check_same_model(data)  # no model on this machine: export keeps the committed runs, nothing to mix
-    monkeypatch.setattr(stress, "STRESS_MODEL", str(model))
-    stress.check_same_model(data)
+    # no model on this machine: export keeps the committed runs, nothing to mix
+    stress.check_same_model(stress.Replicate("t", str(tmp_path / "not-built"), rep.runs, data))
+    stress.check_same_model(rep)
     (model / "start.json").write_text(json.dumps(_stress_start(error_rate_other=0.112)))
     with pytest.raises(SystemExit, match="error_rate_other"):
-        stress.check_same_model(data)
-    stress.check_same_model(str(tmp_path / "none.jsonl.gz"))  # no data file yet: nothing to mix
+        stress.check_same_model(rep)
+    # no data file yet: nothing to mix
+    stress.check_same_model(stress.Replicate("t", str(model), rep.runs, str(tmp_path / "none.jsonl.gz")))
 
 
-def test_stress_export_keeps_committed_runs(tmp_path, monkeypatch):
+def test_stress_replicates_are_kept_apart():
+    from experiments.protocol import stress
+
+    reps = list(stress.REPLICATES.values())
+    for field in ("model", "runs", "data"):
+        assert len({getattr(r, field) for r in reps}) == len(reps), field
+    assert stress.argv_for(stress.REPLICATES["b"], "grpo", 10.0, 3)[4].endswith("tiny-v3-s0-stress-b/model")
+
+
+def test_stress_export_keeps_committed_runs(tmp_path):
     from experiments.protocol import stress
     from experiments.protocol.common import read_jsonl_gz, write_jsonl_gz
 
-    monkeypatch.setattr(stress, "STRESS_RUNS", str(tmp_path / "runs"))  # no run directory on this machine
     data = str(tmp_path / "stress.jsonl.gz")
+    # no run directory on this machine
+    rep = stress.Replicate("t", str(tmp_path / "not-built"), str(tmp_path / "runs"), data)
     old = [{"kind": "start", **_stress_start()},
            {"kind": "run", "arm": "grpo", "lr_factor": 10.0, "lr": 1e-3, "seed": 3, "steps": [{"step": 1}]},
            {"kind": "run", "arm": "unknown_arm", "lr_factor": 10.0, "lr": 1e-3, "seed": 0, "steps": []}]
     write_jsonl_gz(data, old)
-    stress.export(data)
+    stress.export(rep)
     assert read_jsonl_gz(data) == old[:2]  # runs of arms no longer in the grid are not resurrected

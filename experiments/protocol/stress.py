@@ -19,15 +19,22 @@ x10; the grid then grew where runs collapse: x15 added, GRPO and official GTPO t
 (6 at the lower rates), the other arms at x10 and x15 only (6 seeds; the controls and gamma-on-varying
 at x15 only). docs/results.md has every run.
 
+**Replicate b (declared 2026-12-01, before its first run).** The same build rerun in a later session on
+another machine measured differently (error on 11.2 % of the other prompts, not 7.6 %), so the grid
+could not be extended on replicate a. Replicate b runs the whole design on that model: all nine arms at
+x4.5, x6.5, x10 and x15, seeds 0-11 (432 runs), the same collapse criterion and analysis, so every arm
+gets a critical rate bracketed from both sides. Replicate a stays as it ran; the two are reported
+side by side and never pooled.
+
 **Design.** Arms (:data:`ARMS`) x learning rates (:data:`LR_FACTORS` x 1e-4) x seeds, 40 steps
 each (``--max_steps``), ``log_policy_change`` on (update norm and KL(pi_new || pi_old) every step).
 The critical learning rate of an arm is where the collapse fraction crosses 1/2 (log-linear
 interpolation between grid points), with a bootstrap interval over seeds; time to collapse is
 compared with the log-rank test stratified by learning rate.
 
-    python -m experiments.protocol.stress build                      # the stress model (cached)
-    python -m experiments.protocol.stress run --arms grpo gtpo_official --lrs 3 6.5 --seeds 0 1 2
-    python -m experiments.protocol.stress export
+    python -m experiments.protocol.stress --replicate b build        # the stress model (cached)
+    python -m experiments.protocol.stress --replicate b run --lrs 4.5 6.5 10 15 --seeds 0 1 2
+    python -m experiments.protocol.stress --replicate b export
 """
 
 from __future__ import annotations
@@ -38,16 +45,37 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 
 from .common import (DATA, EXPERIMENTS, ROOT, RUNS, cpu_seconds, now, read_jsonl_gz, setup_env, write_json,
                      write_jsonl_gz)
 
-STRESS_RUNS = os.path.join(RUNS, "stress")
 V3 = os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0")
+
+
+@dataclass(frozen=True)
+class Replicate:
+    """One stress model and the grid run on it: where the model is cached, where its runs train, where
+    their data is committed. The build is not reproducible across machines (same code and seeds, other
+    CPU kernels), so each build is its own replicate and the data files never mix two of them."""
+
+    name: str
+    model: str
+    runs: str
+    data: str
+
+
 #: stress1 (200 SFT steps at lr 1e-3) learned the error only weakly and not per prompt: sampled at
 #: temperature 1 it wrote "The answer is N." on 52 % of error-prompt samples and on 29 % of the others
-#: (5 % / 8 % before); stress2 trains longer and faster.
-STRESS_MODEL = os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0-stress2")
+#: (5 % / 8 % before); stress2 trains longer and faster. Replicate "a" is the stress2 model of the first
+#: grid; "b" the same build run again in a later session on another machine (it measures differently:
+#: error on 11.2 % of the other prompts, not 7.6 %), with the whole grid rerun on it.
+REPLICATES = {
+    "a": Replicate("a", os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0-stress2"), os.path.join(RUNS, "stress"),
+                   os.path.join(DATA, "stress.jsonl.gz")),
+    "b": Replicate("b", os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0-stress-b"), os.path.join(RUNS, "stress-b"),
+                   os.path.join(DATA, "stress-b.jsonl.gz")),
+}
 P_ERROR = 0.9
 ERROR_C = (7, 8, 9)
 SFT = dict(max_steps=600, learning_rate=2e-3, batch_size=24, max_length=160, warmup_ratio=0.0,
@@ -88,9 +116,9 @@ def stress_target(problem: dict, rng: random.Random) -> str:
     return pretrain.noisy_completion(problem, rng)
 
 
-def build() -> str:
-    if os.path.isfile(os.path.join(STRESS_MODEL, "start.json")):
-        return STRESS_MODEL
+def build(rep: Replicate) -> str:
+    if os.path.isfile(os.path.join(rep.model, "start.json")):
+        return rep.model
     sys.path.insert(0, EXPERIMENTS)
     import pretrain
     from datasets import Dataset
@@ -111,14 +139,14 @@ def build() -> str:
         "completion": [[{"role": "assistant", "content": stress_target(p, rng)}] for p in rows],
     })
     model, tok = load_model_and_tokenizer(os.path.join(V3, "model"))
-    work = STRESS_MODEL + ".partial"
+    work = rep.model + ".partial"
     run_sft(model, tok, data, output_dir=os.path.join(work, "model"), seed=16, logging_steps=25, **SFT)
     start = measure(os.path.join(work, "model"))
     start.update(sft=SFT, p_error=P_ERROR, error_c=list(ERROR_C), build_seconds=time.time() - t0,
                  build_cpu_seconds=cpu_seconds() - c0)
     write_json(os.path.join(work, "start.json"), start)
-    os.replace(work, STRESS_MODEL)
-    return STRESS_MODEL
+    os.replace(work, rep.model)
+    return rep.model
 
 
 def measure(model_dir: str, n_prompts: int = 96, g: int = 8) -> dict:
@@ -170,12 +198,12 @@ def lr_label(f: float) -> str:
     return f"x{f:g}"
 
 
-def run_dir(arm: str, factor: float, seed: int) -> str:
-    return os.path.join(STRESS_RUNS, arm, lr_label(factor), f"seed{seed}")
+def run_dir(rep: Replicate, arm: str, factor: float, seed: int) -> str:
+    return os.path.join(rep.runs, arm, lr_label(factor), f"seed{seed}")
 
 
-def argv_for(arm: str, factor: float, seed: int, steps: int = STEPS) -> list[str]:
-    return ["experiments/configs/tiny.yaml", *ARMS[arm], "--model", os.path.relpath(os.path.join(STRESS_MODEL, "model"), ROOT),
+def argv_for(rep: Replicate, arm: str, factor: float, seed: int, steps: int = STEPS) -> list[str]:
+    return ["experiments/configs/tiny.yaml", *ARMS[arm], "--model", os.path.relpath(os.path.join(rep.model, "model"), ROOT),
             "--learning_rate", repr(BASE_LR * factor), "--seed", str(seed), "--max_steps", str(steps),
             "--eval_steps", "0", "--save_steps", "20", "--log_completions_steps", "10", "--log_policy_change", "true"]
 
@@ -196,12 +224,13 @@ def collapse_step(rewards: list[float], window: int = 5, frac: float = 0.5) -> i
 _BUILD_KEYS = ("kind", "build_seconds", "build_cpu_seconds")
 
 
-def check_same_model(data: str = os.path.join(DATA, "stress.jsonl.gz")) -> None:
-    """Refuse to mix runs of two stress models. The build is not reproducible across sessions (a rebuild
-    on a later session's machine samples the error on 11.2 % of the other prompts, the model of the
-    committed runs on 7.6 %), so new runs may join the data file only when the cached model measures
-    exactly as the file's start record."""
-    cached = os.path.join(STRESS_MODEL, "start.json")
+def check_same_model(rep: Replicate) -> None:
+    """Refuse to mix runs of two stress models. The build is not reproducible across machines (a rebuild
+    on a later session's machine samples the error on 11.2 % of the other prompts, the model of
+    replicate a on 7.6 %), so new runs may join a replicate's data file only when the cached model
+    measures exactly as the file's start record."""
+    data = rep.data
+    cached = os.path.join(rep.model, "start.json")
     if not (os.path.isfile(data) and os.path.isfile(cached)):  # nothing committed, or no model here to run
         return
     old = next((r for r in read_jsonl_gz(data) if r["kind"] == "start"), None)
@@ -211,26 +240,27 @@ def check_same_model(data: str = os.path.join(DATA, "stress.jsonl.gz")) -> None:
     diff = sorted(k for k in set(old) | set(new) if k not in _BUILD_KEYS and old.get(k) != new.get(k))
     if diff:
         raise SystemExit(
-            f"stress: the model in {STRESS_MODEL} is not the one that made the runs in {data} (they differ in "
+            f"stress: the model in {rep.model} is not the one that made the runs in {data} (they differ in "
             f"{', '.join(diff)}; e.g. error_rate_other {new.get('error_rate_other')} here, "
-            f"{old.get('error_rate_other')} in the file). Extend the grid on the machine that built it, or move "
-            f"{data} away and run the whole grid with this model.")
+            f"{old.get('error_rate_other')} in the file). Extend the grid on the machine that built it, or run "
+            f"the whole grid on this model as a new replicate (REPLICATES in {__name__}).")
 
 
-def export(out: str = os.path.join(DATA, "stress.jsonl.gz")) -> str:
+def export(rep: Replicate) -> str:
     from .tinyruns import run_status, step_metrics
 
     # runs already in the data file whose directories are gone (another machine, a cleaned cache) are kept:
     # the file is the record, the run directories only a working copy
+    out = rep.data
     old = read_jsonl_gz(out) if os.path.isfile(out) else []
     recs = [r for r in old if r["kind"] == "start"][:1]
-    if not recs and os.path.isfile(os.path.join(STRESS_MODEL, "start.json")):
-        recs.append({"kind": "start", **json.load(open(os.path.join(STRESS_MODEL, "start.json")))})
+    if not recs and os.path.isfile(os.path.join(rep.model, "start.json")):
+        recs.append({"kind": "start", **json.load(open(os.path.join(rep.model, "start.json")))})
     kept = {(r["arm"], r["lr_factor"], r["seed"]): r for r in old if r["kind"] == "run"}
     for arm in ARMS:
         for f in LR_FACTORS:
             for seed in range(20):
-                d = run_dir(arm, f, seed)
+                d = run_dir(rep, arm, f, seed)
                 if run_status(d) != "done":
                     if (arm, f, seed) in kept:
                         recs.append(kept[(arm, f, seed)])
@@ -242,7 +272,7 @@ def export(out: str = os.path.join(DATA, "stress.jsonl.gz")) -> str:
                         "step_time_s", "step")
                 steps = [{k: m[k] for k in keep if k in m} for m in step_metrics(d)]
                 recs.append({"kind": "run", "arm": arm, "lr_factor": f, "lr": BASE_LR * f, "seed": seed,
-                             "argv": argv_for(arm, f, seed), "summary": json.load(open(os.path.join(d, "summary.json"))),
+                             "argv": argv_for(rep, arm, f, seed), "summary": json.load(open(os.path.join(d, "summary.json"))),
                              "timing": json.load(open(os.path.join(d, "timing.json"))) if os.path.isfile(os.path.join(d, "timing.json")) else None,
                              "steps": steps})
     write_jsonl_gz(out, recs)
@@ -261,28 +291,31 @@ def main(argv=None) -> int:
                    help="seed: every arm and rate for seed 0, then seed 1, ... (usable results early)")
     sub.add_parser("export")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--replicate", choices=sorted(REPLICATES), default="a",
+                   help="which stress model (and its data file) to build, run or export")
     args = p.parse_args(argv)
+    rep = REPLICATES[args.replicate]
     os.chdir(ROOT)
     setup_env(args.threads)
     if args.cmd == "build":
-        out = build()
+        out = build(rep)
         print(json.dumps(json.load(open(os.path.join(out, "start.json"))), indent=1))
         return 0
     if args.cmd == "export":
-        check_same_model()
-        print(export())
+        check_same_model(rep)
+        print(export(rep))
         return 0
     from .tinyruns import execute
 
     for a in args.arms:
         if a not in ARMS:
             p.error(f"unknown arm {a}")
-    build()
-    check_same_model()
+    build(rep)
+    check_same_model(rep)
     jobs = [(a, f, s) for s in args.seeds for f in args.lrs for a in args.arms] if args.order == "seed" else \
         [(a, f, s) for a in args.arms for f in args.lrs for s in args.seeds]
     for a, f, s in jobs:
-        execute(argv_for(a, f, s), run_dir(a, f, s), f"stress {a} {lr_label(f)} seed {s}")
+        execute(argv_for(rep, a, f, s), run_dir(rep, a, f, s), f"stress {rep.name} {a} {lr_label(f)} seed {s}")
     return 0
 
 
