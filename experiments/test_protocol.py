@@ -146,6 +146,27 @@ def test_critical_lr_by_hand():
     assert critical_lr(runs("c", 2.0, 0, 3) + runs("c", 4.0, 1, 3), "c", [2.0, 4.0]) is None
 
 
+def test_critical_ratio_bootstrap():
+    """Without seed noise (every seed of a rate collapses alike) the bootstrap has one value: arm b starts
+    collapsing between x4 and x8 at sqrt(32), arm a at x2, ratio sqrt(32) / 2 exactly; a copy of an arm
+    against itself contains 1; an arm that never collapses gives an upper end of +inf."""
+    from experiments.protocol.report import critical_ratio_ci
+
+    def runs(arm, f, n_coll, n):
+        return [{"arm": arm, "lr": f, "collapsed": i < n_coll} for i in range(n)]
+
+    lrs = [2.0, 4.0, 8.0]
+    ref = runs("a", 2.0, 4, 4) + runs("a", 4.0, 4, 4) + runs("a", 8.0, 4, 4)
+    lo, hi = critical_ratio_ci(ref + runs("b", 2.0, 0, 4) + runs("b", 4.0, 0, 4) + runs("b", 8.0, 4, 4), "b", "a", lrs)
+    assert lo == hi == pytest.approx(math.sqrt(32.0) / 2.0, rel=1e-12)
+    noisy = runs("c", 2.0, 1, 6) + runs("c", 4.0, 3, 6) + runs("c", 8.0, 5, 6)
+    twin = [dict(o, arm="d") for o in noisy]
+    lo, hi = critical_ratio_ci(noisy + twin, "d", "c", lrs)
+    assert lo < 1.0 < hi
+    lo, hi = critical_ratio_ci(ref + runs("e", 2.0, 0, 4) + runs("e", 4.0, 0, 4) + runs("e", 8.0, 0, 4), "e", "a", lrs)
+    assert lo == hi == math.inf
+
+
 def test_report_regenerates_from_committed_data(tmp_path, monkeypatch):
     """docs/results.md is computed from experiments/data alone: regenerating it into a temporary place
     gives the committed document, byte for byte (every table and verdict; figures are not compared)."""
@@ -156,8 +177,9 @@ def test_report_regenerates_from_committed_data(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "FIG_DIR", str(tmp_path / "results" / "protocol"))
     out = report.write_results()
     assert open(out).read() == committed
-    if os.path.isfile(os.path.join(report.DATA, "stress.jsonl.gz")):
-        assert (tmp_path / "results" / "protocol" / "claim2_stress.png").is_file()
+    for rep, png in (("a", "claim2_stress.png"), ("b", "claim2_stress_b.png")):
+        if os.path.isfile(os.path.join(report.DATA, report.STRESS_FILES[rep])):
+            assert (tmp_path / "results" / "protocol" / png).is_file()
 
 
 def test_claim7_splits_are_disjoint():

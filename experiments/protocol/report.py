@@ -180,8 +180,12 @@ def load_start_and_runs(name: str, kinds: tuple[str, ...]) -> tuple[dict | None,
     return start, [r for r in recs if r["kind"] in kinds]
 
 
-def load_stress():
-    return load_start_and_runs("stress.jsonl.gz", ("run",))
+#: the stress replicates (one stress model each; ``stress.REPLICATES``) and their data files, never pooled
+STRESS_FILES = {"a": "stress.jsonl.gz", "b": "stress-b.jsonl.gz"}
+
+
+def load_stress(replicate: str = "a"):
+    return load_start_and_runs(STRESS_FILES[replicate], ("run",))
 
 
 def stress_outcomes(runs: list[dict]) -> list[dict]:
@@ -228,20 +232,43 @@ def critical_lr(outcomes: list[dict], arm: str, lrs: list[float]) -> float | Non
     return None
 
 
+def _boot_critical(outcomes: list[dict], arm: str, lrs: list[float], rng) -> float:
+    """One bootstrap draw of an arm's critical rate: seeds resampled with replacement within each learning
+    rate; +inf where the resample never reaches 1/2 (above the grid)."""
+    by_lr = {f: [o for o in outcomes if o["arm"] == arm and o["lr"] == f] for f in lrs}
+    if not all(by_lr.values()):
+        return math.inf
+    res = [o for f in lrs for o in (rng.choice(by_lr[f]) for _ in by_lr[f])]
+    c = critical_lr(res, arm, lrs)
+    return math.inf if c is None else c
+
+
+def _percentiles(vals: list[float]) -> tuple[float, float]:
+    vals = sorted(vals)
+    return vals[int(0.025 * (len(vals) - 1))], vals[int(math.ceil(0.975 * (len(vals) - 1)))]
+
+
 def critical_lr_ci(outcomes: list[dict], arm: str, lrs: list[float], n_boot: int = 2000, seed: int = 0):
     """Bootstrap over seeds within each learning rate (percentile 95 % interval; None = above the grid,
     counted as +inf)."""
     import random as _r
 
     rng = _r.Random(seed)
-    by_lr = {f: [o for o in outcomes if o["arm"] == arm and o["lr"] == f] for f in lrs}
+    return _percentiles([_boot_critical(outcomes, arm, lrs, rng) for _ in range(n_boot)])
+
+
+def critical_ratio_ci(outcomes: list[dict], arm: str, ref: str, lrs: list[float], n_boot: int = 2000, seed: int = 0):
+    """95 % percentile bootstrap interval of critical(arm) / critical(ref), the two arms resampled
+    independently (seeds within each rate); an interval that excludes 1 says the arm moves the rate at
+    which runs start to collapse. +inf where the arm's resample never reaches 1/2, 0 where only ref's does not."""
+    import random as _r
+
+    rng = _r.Random(seed)
     vals = []
     for _ in range(n_boot):
-        res = [o for f in lrs for o in (rng.choice(by_lr[f]) for _ in by_lr[f])] if all(by_lr.values()) else []
-        c = critical_lr(res, arm, lrs) if res else None
-        vals.append(math.inf if c is None else c)
-    vals.sort()
-    return vals[int(0.025 * (len(vals) - 1))], vals[int(math.ceil(0.975 * (len(vals) - 1)))]
+        a, r = _boot_critical(outcomes, arm, lrs, rng), _boot_critical(outcomes, ref, lrs, rng)
+        vals.append(1.0 if a == r == math.inf else (math.inf if a == math.inf else (0.0 if r == math.inf else a / r)))
+    return _percentiles(vals)
 
 
 def onestep_section(data: dict[str, list[dict]]) -> tuple[str, dict]:
@@ -387,8 +414,8 @@ def _logrank_row(both: list[dict], arm: str, rates: list[float], res: dict) -> l
             f"p = {fmt_p(stats.fisher_exact(ca, na - ca, cg, ng - cg))}"]
 
 
-def stress_section() -> tuple[str, dict]:
-    start, runs = load_stress()
+def stress_section(replicate: str = "a") -> tuple[str, dict]:
+    start, runs = load_stress(replicate)
     if not runs:
         return "(no data)\n", {}
     outc = stress_outcomes(runs)
@@ -426,10 +453,19 @@ def stress_section() -> tuple[str, dict]:
                 return "> grid" if x is None or x == math.inf else f"x{x:.2g}"
             row.append(f"{f_(crit)} [{f_(lo)}, {f_(hi)}]")
             res[("crit", arm)] = (crit, lo, hi)
+            grpo_full = len({o["lr"] for o in outc if o["arm"] == "grpo"}) >= 3
+            if arm != "grpo" and grpo_full and crit is not None and critical_lr(outc, "grpo", lrs) is not None:
+                ratio = crit / critical_lr(outc, "grpo", lrs)
+                rlo, rhi = critical_ratio_ci(outc, arm, "grpo", lrs)
+                row.append(f"{ratio:.2f} [{rlo:.2f}, {'∞' if rhi == math.inf else f'{rhi:.2f}'}]")
+                res[("crit_ratio", arm)] = (ratio, rlo, rhi)
+            else:
+                row.append("—")
         else:
-            row.append("—")
+            row += ["—", "—"]
         rows.append(row)
-    out.append(table(["arm"] + [f"lr x{f:g}" for f in lrs] + ["critical lr (95 % bootstrap)"], rows) + "\n")
+    out.append(table(["arm"] + [f"lr x{f:g}" for f in lrs] + ["critical lr (95 % bootstrap)",
+                                                              "÷ GRPO's (95 % bootstrap)"], rows) + "\n")
     # equal step size: KL per step (first 10 steps) per arm and rate
     krows = []
     for arm in arms:
@@ -527,7 +563,7 @@ def fig_onestep(data: dict[str, list[dict]]) -> str | None:
     return _save(fig, "claim1_onestep.png")
 
 
-def fig_stress(res: dict) -> str | None:
+def fig_stress(res: dict, name: str = "claim2_stress.png") -> str | None:
     outc = res.get("outcomes") if res else None
     if not outc:
         return None
@@ -567,7 +603,7 @@ def fig_stress(res: dict) -> str | None:
     for ax in axes[0]:
         ax.set_ylabel("fraction of seeds collapsed")
     axes[0][0].legend(fontsize=6)
-    return _save(fig, "claim2_stress.png")
+    return _save(fig, name)
 
 
 # ------------------------------------------------------------------ claim 7: accuracy with power
@@ -937,7 +973,14 @@ def _item5_state(smol_res: dict, default_arm: str) -> str:
             f"(worst {100 * min(s['gain'] for s in sts.values()):+.1f})")
 
 
-def _status_rows(onestep: dict, smol_res: dict, stress_res: dict, c7_res: dict, default_arm: str) -> list[list[str]]:
+def _stress_design(res: dict, name: str) -> str:
+    d = res["design"]
+    return (f"{name}: {d['n']} runs, arms {', '.join(d['arms'])}; rates {', '.join(f'x{f:g}' for f in d['lrs'])}; "
+            f"seeds {', '.join(map(str, d['seeds']))}")
+
+
+def _status_rows(onestep: dict, smol_res: dict, stress_res: dict, stress_b_res: dict, c7_res: dict,
+                 default_arm: str) -> list[list[str]]:
     n_one = {k: sum(r["varying"] for r in v) for k, v in onestep.items()}
     smol_seeds = {arm: sorted(s) for arm, s in (smol_res.get("stats") or {}).items()}
     return [
@@ -948,10 +991,10 @@ def _status_rows(onestep: dict, smol_res: dict, stress_res: dict, c7_res: dict, 
          "; ".join(f"`{k}`: {n} groups with reward variance" for k, n in n_one.items() if k.startswith("smol-"))
          or "not run", "`experiments/data/onestep/smol-*.jsonl.gz`" if any(k.startswith("smol-") for k in n_one) else "—"],
         ["2. claim 2, stress model and learning-rate grid",
-         (lambda d: f"{d['n']} runs: arms {', '.join(d['arms'])}; rates {', '.join(f'x{f:g}' for f in d['lrs'])}; "
-                    f"seeds {', '.join(map(str, d['seeds']))}")(stress_res["design"]) if stress_res
-         else "not run yet (the grid is about 7 CPU-hours)",
-         "`experiments/data/stress.jsonl.gz`" if stress_res else "—"],
+         "; ".join(_stress_design(r, n) for r, n in ((stress_res, "replicate a"), (stress_b_res, "replicate b")) if r)
+         or "not run",
+         ", ".join(f"`experiments/data/{STRESS_FILES[k]}`" for k, r in (("a", stress_res), ("b", stress_b_res)) if r)
+         or "—"],
         ["3. claim 7, accuracy with power (≥ 8 paired seeds, 500 x 8 samples)",
          (lambda f: "; ".join(f"{C7_LABELS.get(a, a)}: {len(ms)} seeds" for a, ms in f.items()) or "tuning only")(
              c7_res.get("final", {})) if c7_res else "not run",
@@ -968,9 +1011,11 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
     onestep = load_onestep()
     one_txt, one_res = onestep_section(onestep)
     smol_txt, smol_res = smol_section(default_arm)
-    stress_txt, stress_res = stress_section()
+    stress_txt, stress_res = stress_section("a")
+    stress_b_txt, stress_b_res = stress_section("b")
     c7_txt, c7_res = claim7_section()
-    figs = {"onestep": fig_onestep(onestep), "stress": fig_stress(stress_res), "claim7": fig_claim7(c7_res)}
+    figs = {"onestep": fig_onestep(onestep), "stress": fig_stress(stress_res),
+            "stress_b": fig_stress(stress_b_res, "claim2_stress_b.png"), "claim7": fig_claim7(c7_res)}
     if smol_res:
         figs["smol"] = fig_smol(smol_res, default_arm, list(smol_res["stats"]))
     parts = [
@@ -980,7 +1025,7 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
         "nothing here needs training to regenerate. The earlier suite's results, which could not decide most "
         "claims (see issue 16), are kept in [results-suite.md](results-suite.md).\n",
         "## Where the protocol stands\n",
-        table(["protocol item", "state", "raw data"], _status_rows(onestep, smol_res, stress_res, c7_res, default_arm)) + "\n",
+        table(["protocol item", "state", "raw data"], _status_rows(onestep, smol_res, stress_res, stress_b_res, c7_res, default_arm)) + "\n",
         VERDICTS.get("status", ""),
         "## Claim 1: GRPO pushes down tokens shared by positive and negative completions; GTPO protects them\n",
         VERDICTS.get("claim1_design", ""),
@@ -992,6 +1037,9 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
               "## Claim 2: GRPO collapses where GTPO stays stable\n", VERDICTS.get("claim2", ""),
               stress_txt if stress_res else "",
               f"![claim 2, stress grid]({figs['stress']})\n" if figs.get("stress") else "",
+              "### Replicate b: the whole grid on a second stress model\n" if stress_b_res else "",
+              VERDICTS.get("claim2_b", "") if stress_b_res else "", stress_b_txt if stress_b_res else "",
+              f"![claim 2, stress grid, replicate b]({figs['stress_b']})\n" if figs.get("stress_b") else "",
               "## Claim 7: GTPO reaches higher accuracy\n", VERDICTS.get("claim7", ""), c7_txt,
               f"![claim 7, accuracy]({figs['claim7']})\n" if figs.get("claim7") else "",
               "## SmolLM2-135M on the default task\n", VERDICTS.get("smol", ""), smol_txt if smol_res else "(no runs yet)\n"]
