@@ -24,7 +24,9 @@ another machine measured differently (error on 11.2 % of the other prompts, not 
 could not be extended on replicate a. Replicate b runs the whole design on that model: all nine arms at
 x4.5, x6.5, x10 and x15, seeds 0-11 (432 runs), the same collapse criterion and analysis, so every arm
 gets a critical rate bracketed from both sides. Replicate a stays as it ran; the two are reported
-side by side and never pooled.
+side by side and never pooled. Added while the grid ran (seeds 0-3 at x6.5-x15 done, no x4.5 run
+finished): this model collapses at lower rates than replicate a (GRPO 2 of 6 at x6.5), so x3 (all arms,
+seeds 0-11) was queued after the grid, so that the lower end stays bracketed whatever x4.5 shows.
 
 **Design.** Arms (:data:`ARMS`) x learning rates (:data:`LR_FACTORS` x 1e-4) x seeds, 40 steps
 each (``--max_steps``), ``log_policy_change`` on (update norm and KL(pi_new || pi_old) every step).
