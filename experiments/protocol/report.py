@@ -497,10 +497,17 @@ def stress_section(replicate: str = "a") -> tuple[str, dict]:
         row = [STRESS_LABELS[arm]]
         for f in lrs:
             xs = [o for o in outc if o["arm"] == arm and o["lr"] == f]
-            row.append(f"{statistics.median(o['entropy_ratio'] for o in xs):.2f}" if xs else "—")
+            ref = [o["entropy_ratio"] for o in outc if o["arm"] == "grpo" and o["lr"] == f]
+            cell = f"{statistics.median(o['entropy_ratio'] for o in xs):.2f}" if xs else "—"
+            if xs and ref and arm != "grpo":
+                mw = stats.mann_whitney([o["entropy_ratio"] for o in xs], ref)
+                cell += f" (p {fmt_p(mw['p'])})"
+                res[("entropy_mw", arm, f)] = mw
+            row.append(cell)
         erows.append(row)
     out.append("*Entropy: median over seeds of the largest 5-step mean token entropy divided by the mean of steps 1-5 "
-               "(> 1: entropy rose).*\n")
+               "(> 1: entropy rose); in brackets the two-sided Mann-Whitney p against GRPO at the same rate "
+               "(uncorrected for the table's many cells).*\n")
     out.append(table(["arm"] + [f"lr x{f:g}" for f in lrs], erows) + "\n")
     return "\n".join(out), res
 
@@ -755,8 +762,10 @@ VERDICTS: dict[str, str] = {
         "Item 1 on the tiny model is complete and decides claim 1. Item 5 is met: the default run now uses "
         "learning rate 3e-4 (was 5e-4), and on seeds 0-4 none of its runs collapsed and each gained 16.5-36 "
         "points. Item 4 is complete: GTPO, GRPO and Dr.GRPO at the default's rate and a fixed-τ arm whose filter "
-        "acts (10-21 % of completions dropped per step), 5 seeds each. Item 2 (claim 2) ran as an adaptive grid "
-        "of 162 tiny-model runs: GTPO delays the collapse (log-rank p = 0.0024 at x15) but does not prevent it. "
+        "acts (10-21 % of completions dropped per step), 5 seeds each. Item 2 (claim 2) ran on two stress models: "
+        "an adaptive grid of 162 runs (replicate a: GTPO delays the collapse at x15, log-rank p = 0.0024) and the "
+        "whole declared grid of 540 runs on a rebuilt model (replicate b: every arm at x3-x15, 12 seeds; no arm "
+        "moves the critical rate and the x15 delay does not replicate). "
         "Item 3 (claim 7 with power) ran: 171 tiny-model runs (about 2.7 CPU-hours with the evaluations, not the "
         "10 estimated), five arms with 16 paired seeds per arm at each arm's tuned rate: GTPO beats GRPO on held-out pass@1 by "
         "2.9 points (p = 0.002), not on pass@8. Claim 1 at SmolLM2's start ran on 200 groups with reward variance "
@@ -833,7 +842,19 @@ VERDICTS: dict[str, str] = {
         "SmolLM2 (below) it did not prevent a collapse at lr 5e-4 (1 of 5 seeds) and at lr 3e-4 it was not "
         "needed (0 of 5 collapsed with the shift on every group), so the default keeps the paper's rule.\n"),
     "claim2": (
-        "**Design.** The stress model (`experiments/protocol/stress.py`): the tiny model fine-tuned (600 SFT "
+        "**Verdict over both replicates: not reproduced at this scale. GTPO does not stay stable where GRPO "
+        "collapses, and no component of it moves the learning rate at which collapses start.** The grid ran on "
+        "two stress models made by the same build in two sessions (they measure differently, so they are "
+        "reported side by side, never pooled). On replicate b, where every arm ran at every rate (x3-x15, 12 "
+        "seeds), each arm's critical rate divided by GRPO's has a 95 % bootstrap interval containing 1 (official "
+        "preset 0.94 [0.76, 1.46], paper preset 1.00 [0.80, 1.55], masks only 1.00 [0.54, 1.48]), and at x15 "
+        "official GTPO collapsed on 12 of 12 seeds like GRPO (log-rank p = 0.92). The one significant result of "
+        "replicate a, official GTPO collapsing later than GRPO at x15 (p = 0.0024), does not replicate. What "
+        "replicates on both is part of the paper's mechanism: the arms with conflict masks let the token entropy "
+        "rise less than GRPO (replicate b: lower median rise in all 25 (arm, rate) cells of the five arms with "
+        "masks; x15: paper preset 1.23x vs GRPO 1.98x, Mann-Whitney p = 0.0029; GRPO + filter + γ, without "
+        "masks, 1.67x, p = 0.67), but here the lower entropy does not buy stability.\n\n"
+        "**Design (replicate a).** The stress model (`experiments/protocol/stress.py`): the tiny model fine-tuned (600 SFT "
         "steps) so that on prompts whose third operand is 7-9 it ends with \"The answer is N.\" instead of the "
         "answer block (paper reward ≤ 1 instead of 10-20): sampled at temperature 1 it does so on 85.1 % of "
         "those samples (38.5 % of all samples) and on 7.6 % of the others (table below), so on error prompts the "
@@ -845,8 +866,8 @@ VERDICTS: dict[str, str] = {
         "and official GTPO 12 seeds at x10 and x15, 6 below; the other arms 6 seeds at x10 and x15 (γ-on-varying "
         "and the positive-only / negative-only controls at x15 only). 162 runs of 40 steps (about 1 CPU-minute each); update norm and "
         "KL(π_new‖π_old) logged every step.\n\n"
-        "**Verdict: GTPO delays the collapse; it does not prevent it, and no arm moves the rate at which it "
-        "starts by a detectable amount.** Collapses look like the paper's: the reward drops to 0 and the "
+        "**Replicate a: GTPO delays the collapse at x15; it does not prevent it, and no arm moves the rate at "
+        "which it starts by a detectable amount.** Collapses look like the paper's: the reward drops to 0 and the "
         "replies degenerate (GRPO x15 seed 0 ends writing \"+ + + = = = ...\"; official GTPO x15 seed 0 "
         "\"-7 -7 -7 ...\") while the token entropy rises 2-3x. No arm collapsed at x2-x6.5 (GRPO and official "
         "GTPO 0/6 each). At x10, where GRPO starts failing, GRPO 6/12 and official GTPO 5/12 collapsed (log-rank "
@@ -857,10 +878,10 @@ VERDICTS: dict[str, str] = {
         "arm detect 12/12 against ≤ 7/12). Stratified over every rate (the pre-declared comparison; x15 added "
         "after the pilot) p = 0.0091. The critical rate moves from x10 [95 % bootstrap x8.7, x11] for GRPO to "
         "x11 [x9, x15] for official GTPO: the intervals overlap. The other arms ran at x10 and x15 only (where "
-        "the pilot put the collapses), so their critical rate is not bracketed from below and is not estimated "
-        "(2-3 of 6 collapsed at x10); extending them needs the stress model of these runs, which a rebuild does "
-        "not reproduce (rebuilt in a later session it samples the error on 11.2 % of the other prompts, not 7.6 "
-        "%; `stress run` refuses to mix the two). Every protective arm collapses later than GRPO "
+        "the pilot put the collapses), so their critical rate is not bracketed from below on this replicate "
+        "(2-3 of 6 collapsed at x10); the model of these runs could not be rebuilt (a rebuild samples the error "
+        "on 11.2 % of the other prompts, not 7.6 %), so the whole grid ran again on the rebuild: replicate b, "
+        "below. Every protective arm collapses later than GRPO "
         "at x15 (paper preset p = 0.012, γ = 0 p = 0.039, masks only p = 0.13, filter + γ p = 0.11, γ on varying "
         "groups p = 0.067; 6 seeds each, 5/6 collapsed in each), none of them on fewer seeds detectably. The "
         "controls point at the paper's mechanism: updating on the negative completions only collapses like GRPO "
@@ -868,8 +889,37 @@ VERDICTS: dict[str, str] = {
         "log-rank p = 0.0067, entropy up 1.44x); GRPO's entropy rose most (2.38x at x15; GTPO arms 1.37-1.75x). "
         "Caveat on step size at x15: at equal update norm (0.76 vs 0.78) official GTPO's first 10 steps move the "
         "policy less in KL (0.196 vs 0.347), partly because GRPO's first 10 steps already include its collapse "
-        "(median step 10). What would decide the stronger claim (GRPO collapses where GTPO stays stable) is the "
-        "paper's scale: see \"What would need a GPU\".\n"),
+        "(median step 10).\n"),
+    "claim2_b": (
+        "**Design (declared in `experiments/protocol/stress.py` before its first run).** The same build (600 SFT steps, "
+        "same seeds) rerun in a later session gave a model that writes the systematic error on 85.1 % "
+        "of the error-prompt samples, like replicate a, but on 11.2 % of the others (a: 7.6 %). Every arm at "
+        "x4.5, x6.5, x10 and x15 with seeds 0-11; x3 (all arms, seeds 0-11) was added while the grid ran, before any x4.5 "
+        "result, when this model collapsed at x6.5 already (GRPO 2 of 6 then); 540 runs of 40 steps (median 18 "
+        "s wall each, 2.7 CPU-hours in all; two single-thread processes on the 2 cores), same collapse "
+        "criterion and analysis.\n\n"
+        "**Verdict: nothing protective moves the collapse.** At x3 two of the 108 runs collapsed (paper preset "
+        "and positive-only, one seed each; GRPO 0 of 12). Critical rates: GRPO x10 [95 % bootstrap x6.5, x11], "
+        "official preset x9.4 [x8.4, x11], paper preset x10 [x8.7, x12], masks only x10 [x5.8, x12], filter + γ "
+        "x11 [x6.5, x12], γ = 0 x10 [x7.7, x11], γ on varying groups x10 [x8.3, x12]; divided by GRPO's, every "
+        "95 % interval contains 1 (official preset 0.94 [0.76, 1.46]: a critical rate 1.5 times GRPO's is "
+        "excluded). At x15 every arm collapses on 10-12 of 12 "
+        "seeds (GRPO and official GTPO 12/12, median step 10 both; log-rank p = 0.92), so replicate a's delay at "
+        "x15 (p = 0.0024) does not replicate. Stratified over all rates no arm differs from GRPO (log-rank p = "
+        "0.21-1) except the negative-only control, which collapses earlier (p = 0.021; not significant after "
+        "a Bonferroni correction over the 8 stratified comparisons, 0.0063). The closest to a protective effect: "
+        "at x6.5 the paper and official presets collapsed on 0 of 12 seeds against GRPO's 3 of 12 (log-rank p = "
+        "0.07 each, Fisher p = 0.22), and at x10 both collapse like GRPO (6-7 of 12). At equal learning rate the "
+        "update norms are equal (x10: 0.517 vs 0.519) and official GTPO moves the policy further in KL in its "
+        "first 10 steps (0.185 vs 0.128). Unlike replicate a, positive-only updates collapse earliest (critical "
+        "x6.5, ratio 0.65 [0.45, 1.03]; negative-only x7.5, 0.75 [0.57, 1.15]), so the controls do not single "
+        "out the negative updates on both models. What does replicate is the entropy: in all 25 (arm, rate) "
+        "cells of the five arms with conflict masks the median entropy rise is below GRPO's (13 of them with "
+        "Mann-Whitney p < 0.05, uncorrected; x15: masks only 1.41x, paper 1.23x, official 1.68x, γ = 0 1.30x "
+        "against GRPO's 1.98x, p = 0.046, 0.0029, 0.046, 0.0061); the arm with filter + γ and no masks is below "
+        "GRPO in 2 of 5 cells (x15: 1.67x, p = 0.67). "
+        "What would decide the paper's claim (GRPO collapses where GTPO stays stable) is the paper's scale: see "
+        "\"What would need a GPU\".\n"),
     "claim7": (
         "**Design** (`experiments/protocol/claim7.py`, fixed before the final runs). The tiny task's model starts "
         "too low (sampled accuracy ~3 %), so its pretraining was continued in chunks of 250 steps on the same noisy "

@@ -19,8 +19,8 @@ x10; the grid then grew where runs collapse: x15 added, GRPO and official GTPO t
 (6 at the lower rates), the other arms at x10 and x15 only (6 seeds; the controls and gamma-on-varying
 at x15 only). docs/results.md has every run.
 
-**Replicate b (declared 2026-12-01, before its first run).** The same build rerun in a later session on
-another machine measured differently (error on 11.2 % of the other prompts, not 7.6 %), so the grid
+**Replicate b (declared 2026-12-01, before its first run).** The same build rerun in a later session measured
+differently (error on 11.2 % of the other prompts, not 7.6 %), so the grid
 could not be extended on replicate a. Replicate b runs the whole design on that model: all nine arms at
 x4.5, x6.5, x10 and x15, seeds 0-11 (432 runs), the same collapse criterion and analysis, so every arm
 gets a critical rate bracketed from both sides. Replicate a stays as it ran; the two are reported
@@ -58,8 +58,8 @@ V3 = os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0")
 @dataclass(frozen=True)
 class Replicate:
     """One stress model and the grid run on it: where the model is cached, where its runs train, where
-    their data is committed. The build is not reproducible across machines (same code and seeds, other
-    CPU kernels), so each build is its own replicate and the data files never mix two of them."""
+    their data is committed. The build is not reproducible across sessions (same code and seeds; whether
+    CPU kernels or thread scheduling differ was not isolated), so each build is its own replicate and the data files never mix two of them."""
 
     name: str
     model: str
@@ -70,7 +70,7 @@ class Replicate:
 #: stress1 (200 SFT steps at lr 1e-3) learned the error only weakly and not per prompt: sampled at
 #: temperature 1 it wrote "The answer is N." on 52 % of error-prompt samples and on 29 % of the others
 #: (5 % / 8 % before); stress2 trains longer and faster. Replicate "a" is the stress2 model of the first
-#: grid; "b" the same build run again in a later session on another machine (it measures differently:
+#: grid; "b" the same build run again in a later session (it measures differently:
 #: error on 11.2 % of the other prompts, not 7.6 %), with the whole grid rerun on it.
 REPLICATES = {
     "a": Replicate("a", os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0-stress2"), os.path.join(RUNS, "stress"),
@@ -227,8 +227,8 @@ _BUILD_KEYS = ("kind", "build_seconds", "build_cpu_seconds")
 
 
 def check_same_model(rep: Replicate) -> None:
-    """Refuse to mix runs of two stress models. The build is not reproducible across machines (a rebuild
-    on a later session's machine samples the error on 11.2 % of the other prompts, the model of
+    """Refuse to mix runs of two stress models. The build is not reproducible across sessions (a rebuild
+    in a later session samples the error on 11.2 % of the other prompts, the model of
     replicate a on 7.6 %), so new runs may join a replicate's data file only when the cached model
     measures exactly as the file's start record."""
     data = rep.data
