@@ -19,13 +19,13 @@ x10; the grid then grew where runs collapse: x15 added, GRPO and official GTPO t
 (6 at the lower rates), the other arms at x10 and x15 only (6 seeds; the controls and gamma-on-varying
 at x15 only). docs/results.md has every run.
 
-**Replicate b (declared 2026-12-01, before its first run).** The same build rerun in a later session measured
-differently (error on 11.2 % of the other prompts, not 7.6 %), so the grid
-could not be extended on replicate a. Replicate b runs the whole design on that model: all nine arms at
+**Replicate b (declared 2026-12-01, before its first run).** The same build rerun in a later
+session measured differently (error on 11.2 % of the other prompts, not 7.6 %), so the grid could
+not be extended on replicate a. Replicate b runs the whole design on that model: all nine arms at
 x4.5, x6.5, x10 and x15, seeds 0-11 (432 runs), the same collapse criterion and analysis, so every arm
 gets a critical rate bracketed from both sides. Replicate a stays as it ran; the two are reported
-side by side and never pooled. Added while the grid ran (seeds 0-3 at x6.5-x15 done, no x4.5 run
-finished): this model collapses at lower rates than replicate a (GRPO 2 of 6 at x6.5), so x3 (all arms,
+side by side and never pooled. Added while the grid ran (x6.5 seeds 0-5 and x10-x15 seeds 0-3 done, no
+x4.5 run started): this model collapses at lower rates than replicate a (GRPO 2 of 6 at x6.5), so x3 (all arms,
 seeds 0-11) was queued after the grid, so that the lower end stays bracketed whatever x4.5 shows.
 
 **Design.** Arms (:data:`ARMS`) x learning rates (:data:`LR_FACTORS` x 1e-4) x seeds, 40 steps
@@ -59,7 +59,8 @@ V3 = os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0")
 class Replicate:
     """One stress model and the grid run on it: where the model is cached, where its runs train, where
     their data is committed. The build is not reproducible across sessions (same code and seeds; whether
-    CPU kernels or thread scheduling differ was not isolated), so each build is its own replicate and the data files never mix two of them."""
+    CPU kernels or thread scheduling differ was not isolated), so each build is its own replicate and the
+    data files never mix two of them."""
 
     name: str
     model: str
