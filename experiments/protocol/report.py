@@ -18,6 +18,7 @@ from collections import Counter, defaultdict
 from . import stats
 from .common import DATA, ROOT, read_jsonl_gz
 from .smol import DEFAULT_ARM
+from .stress import REPLICATES, collapse_step
 
 DOCS_MD = os.path.join(ROOT, "docs", "results.md")
 FIG_DIR = os.path.join(ROOT, "docs", "results", "protocol")
@@ -181,7 +182,7 @@ def load_start_and_runs(name: str, kinds: tuple[str, ...]) -> tuple[dict | None,
 
 
 #: the stress replicates (one stress model each; ``stress.REPLICATES``) and their data files, never pooled
-STRESS_FILES = {"a": "stress.jsonl.gz", "b": "stress-b.jsonl.gz"}
+STRESS_FILES = {k: os.path.relpath(r.data, DATA) for k, r in REPLICATES.items()}
 
 
 def load_stress(replicate: str = "a"):
@@ -189,8 +190,6 @@ def load_stress(replicate: str = "a"):
 
 
 def stress_outcomes(runs: list[dict]) -> list[dict]:
-    from .stress import collapse_step
-
     out = []
     for r in runs:
         rewards = [s["reward/mean"] for s in r["steps"]]
@@ -435,6 +434,8 @@ def stress_section(replicate: str = "a") -> tuple[str, dict]:
                    + "\n")
     res["design"] = {"arms": arms, "lrs": lrs, "seeds": sorted({o["seed"] for o in outc}), "n": len(outc)}
     rows = []
+    # GRPO's critical rate, the reference of the ratio column (only where GRPO ran at >= 3 rates)
+    grpo_crit = critical_lr(outc, "grpo", lrs) if len({o["lr"] for o in outc if o["arm"] == "grpo"}) >= 3 else None
     for arm in arms:
         row = [STRESS_LABELS[arm]]
         for f in lrs:
@@ -453,9 +454,8 @@ def stress_section(replicate: str = "a") -> tuple[str, dict]:
                 return "> grid" if x is None or x == math.inf else f"x{x:.2g}"
             row.append(f"{f_(crit)} [{f_(lo)}, {f_(hi)}]")
             res[("crit", arm)] = (crit, lo, hi)
-            grpo_full = len({o["lr"] for o in outc if o["arm"] == "grpo"}) >= 3
-            if arm != "grpo" and grpo_full and crit is not None and critical_lr(outc, "grpo", lrs) is not None:
-                ratio = crit / critical_lr(outc, "grpo", lrs)
+            if arm != "grpo" and crit is not None and grpo_crit is not None:
+                ratio = crit / grpo_crit
                 rlo, rhi = critical_ratio_ci(outc, arm, "grpo", lrs)
                 row.append(f"{ratio:.2f} [{rlo:.2f}, {'∞' if rhi == math.inf else f'{rhi:.2f}'}]")
                 res[("crit_ratio", arm)] = (ratio, rlo, rhi)
