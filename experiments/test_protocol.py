@@ -250,6 +250,37 @@ def test_stress_refuses_to_mix_two_models(tmp_path):
     stress.check_same_model(stress.Replicate("t", str(model), rep.runs, str(tmp_path / "none.jsonl.gz")))
 
 
+def test_onestep_refuses_to_mix_two_states():
+    import copy
+
+    import torch
+
+    from experiments.protocol import onestep
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    fp = onestep.state_fingerprint(model, opt)
+    twin = copy.deepcopy(model)
+    assert onestep.state_fingerprint(twin, torch.optim.AdamW(twin.parameters(), lr=0.1)) == fp
+    with torch.no_grad():
+        twin.bias[1] += 1e-6  # a tiny change of one weight
+    assert onestep.state_fingerprint(twin, opt) != fp
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    moved = onestep.state_fingerprint(model, opt)
+    assert moved != fp
+    with torch.no_grad():  # the same weights with other optimizer moments: another state
+        for p, q in zip(model.parameters(), twin.parameters()):
+            q.copy_(p)
+    assert onestep.state_fingerprint(model, torch.optim.AdamW(model.parameters())) != moved
+    onestep.check_resume([], fp, "f.jsonl.gz")
+    onestep.check_resume([{"try": 0}], fp, "f.jsonl.gz")  # written before fingerprints: cannot be checked
+    onestep.check_resume([{"try": 0}, {"state_fingerprint": fp}], fp, "f.jsonl.gz")
+    with pytest.raises(SystemExit, match="f.jsonl.gz .*new --label"):
+        onestep.check_resume([{"state_fingerprint": fp}], moved, "f.jsonl.gz")
+
+
 def test_stress_replicates_are_kept_apart():
     from experiments.protocol import stress
 

@@ -28,6 +28,11 @@ GRPO's 1/|o| weighting pushes the shared prefix down by Σ_i A_i/|o_i| < 0).
 
     python -m experiments.protocol.onestep tiny --state start|CHECKPOINT --groups 250 --variant natural
     python -m experiments.protocol.onestep smol --max-tries 100 [--seed 1]   # seeds >0: more groups, own file
+
+A checkpoint state is named by its ``--label`` (``grpo150`` for the checkpoint run's step 150). The
+checkpoint run's directory is not committed; a rerun of it (``prepare``) in another session need not
+give the same weights, so its measurements go under a new label (``--state grpo150 --label grpo150b``)
+and are reported as another state, never appended to the first one's file.
 """
 
 from __future__ import annotations
@@ -198,6 +203,43 @@ def measure(trainer, roll, mask, old_logp, rewards, adv_signs, prefix, suffix, b
     }
 
 
+def state_fingerprint(model, optimizer) -> str:
+    """sha256 (first 16 hex digits) of every tensor of ``model`` (frozen ones included) and of
+    ``optimizer``'s state: the measured state, byte for byte."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+
+    def add(name: str, t) -> None:
+        h.update(name.encode())
+        if torch.is_tensor(t):
+            h.update(str(t.dtype).encode())
+            h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(repr(t).encode())
+
+    for name, t in model.state_dict().items():
+        add(name, t)
+    for k, st in optimizer.state_dict()["state"].items():
+        for name, t in sorted(st.items()):
+            add(f"opt.{k}.{name}", t)
+    return h.hexdigest()[:16]
+
+
+def check_resume(done: list[dict], fingerprint: str, out_path: str) -> None:
+    """Refuse to append groups measured from another state to ``out_path``. A checkpoint run redone
+    in another session need not give the same weights; its groups then go under a new ``--label``.
+    Records written before fingerprints were kept (no ``state_fingerprint`` key) cannot be checked."""
+    seen = sorted({r["state_fingerprint"] for r in done if "state_fingerprint" in r})
+    if seen and seen != [fingerprint]:
+        raise SystemExit(
+            f"onestep: {out_path} holds groups measured from state {', '.join(seen)}, but the state loaded now "
+            f"is {fingerprint} (weights or optimizer moments differ). Measure it under a new --label "
+            f"(another state, reported apart) instead of appending.")
+
+
 def run(model_name: str, state: str, variant: str, n_groups: int, seed: int, out_path: str,
         max_tries: int | None = None) -> None:
     import torch
@@ -219,6 +261,8 @@ def run(model_name: str, state: str, variant: str, n_groups: int, seed: int, out
     saved_params = [p.detach().clone() for p in params]
     saved_opt = copy.deepcopy(trainer.optimizer.state_dict())
     real_opt = trainer.optimizer
+    fingerprint = state_fingerprint(trainer.policy, real_opt)
+    check_resume(done, fingerprint, out_path)
     g = base.group_size
     rng = random.Random(seed)
     records = list(done)
@@ -249,7 +293,7 @@ def run(model_name: str, state: str, variant: str, n_groups: int, seed: int, out
         with torch.no_grad():
             old_logp, old_ent = trainer._forward(roll, slice(None), mask)
         rec = {"model": model_name, "state": state, "variant": variant, "seed": seed, "try": tries, "row": row,
-               "varying": is_varying, "rewards": rewards.tolist(), "lengths": roll.completion_mask.sum(1).tolist(),
+               "state_fingerprint": fingerprint, "varying": is_varying, "rewards": rewards.tolist(), "lengths": roll.completion_mask.sum(1).tolist(),
                "entropy": float((old_ent * mask).sum() / mask.sum()), "arms": {}}
         grpo_norm = None
         for mode in MODES:
