@@ -292,8 +292,9 @@ def run(model_name: str, state: str, variant: str, n_groups: int, seed: int, out
         prefix, suffix = conflict_runs(roll.completion_ids, mask, adv_none, g)
         with torch.no_grad():
             old_logp, old_ent = trainer._forward(roll, slice(None), mask)
-        rec = {"model": model_name, "state": state, "variant": variant, "seed": seed, "try": tries, "row": row,
-               "state_fingerprint": fingerprint, "varying": is_varying, "rewards": rewards.tolist(), "lengths": roll.completion_mask.sum(1).tolist(),
+        rec = {"model": model_name, "state": state, "state_fingerprint": fingerprint, "variant": variant,
+               "seed": seed, "try": tries, "row": row,
+               "varying": is_varying, "rewards": rewards.tolist(), "lengths": roll.completion_mask.sum(1).tolist(),
                "entropy": float((old_ent * mask).sum() / mask.sum()), "arms": {}}
         grpo_norm = None
         for mode in MODES:
