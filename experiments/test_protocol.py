@@ -303,3 +303,54 @@ def test_stress_export_keeps_committed_runs(tmp_path):
     write_jsonl_gz(data, old)
     stress.export(rep)
     assert read_jsonl_gz(data) == old[:2]  # runs of arms no longer in the grid are not resurrected
+
+
+def test_smol_export_keeps_committed_runs(tmp_path, monkeypatch):
+    import json
+
+    from experiments.protocol import smol
+    from experiments.protocol.common import read_jsonl_gz, write_jsonl_gz
+
+    monkeypatch.setattr(smol, "SMOL_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setattr(smol, "BEFORE_CACHE", str(tmp_path / "runs" / "before.json"))  # not on this machine
+    data = str(tmp_path / "smol.jsonl.gz")
+    before = {"kind": "before", "accuracy": 0.09}
+    old = [before,
+           {"kind": "run", "arm": "gtpo_lr3e-4_2threads", "seed": 0, "summary": {"accuracy_after": 0.5}},
+           {"kind": "run", "arm": "retired_arm", "seed": 0, "summary": {}},
+           {"kind": "run", "arm": "grpo_lr3e-4", "seed": 1, "summary": {"accuracy_after": 0.3}}]
+    write_jsonl_gz(data, old)
+    with pytest.raises(SystemExit, match="no finished runs"):  # nothing here: the file stays as it is
+        smol.export(data)
+    assert read_jsonl_gz(data) == old
+    d = tmp_path / "runs" / "gtpo_lr3e-4_2threads" / "seed0"  # this run redone here, in its directory
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"accuracy_after": 0.17}))
+    (d / "eval_after.json").write_text(json.dumps({"texts": []}))
+    (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.25, "note": "text"}) + "\n")
+    smol.export(data)
+    recs = read_jsonl_gz(data)
+    assert [(r["kind"], r.get("arm"), r.get("seed")) for r in recs] == [
+        ("before", None, None), ("run", "grpo_lr3e-4", 1), ("run", "gtpo_lr3e-4_2threads", 0)]
+    assert recs[0] == before
+    assert recs[1] == old[3]
+    assert recs[2]["summary"] == {"accuracy_after": 0.17} and recs[2]["steps"] == [{"step": 1, "reward/mean": 0.25}]
+    assert recs[2]["argv"][:4] == ["--demo", "--seed", "0", "--learning_rate"]
+
+
+def test_item5_is_judged_on_every_thread_count():
+    from experiments.protocol import report
+
+    def runs(gains):
+        return {s: {"gain": g, "collapsed": g < 0} for s, g in enumerate(gains)}
+
+    good = runs([0.32, 0.26, 0.21, 0.36, 0.165])
+    res = {"stats": {"gtpo_lr3e-4": good}}
+    assert report._item5_state(res, "gtpo_lr3e-4").startswith("met: `gtpo_lr3e-4`")
+    res["stats"]["gtpo_lr3e-4_2threads"] = runs([0.08, 0.2, 0.3, 0.15, 0.12])
+    state = report._item5_state(res, "gtpo_lr3e-4")
+    assert state.startswith("not met: ") and "4 of 5 gained ≥ 10 points (worst +8.0)" in state
+    res["stats"]["gtpo_lr3e-4"] = runs([0.32, 0.26, 0.21, 0.36])  # four seeds are not the five asked
+    res["stats"]["gtpo_lr3e-4_2threads"] = good
+    assert report._item5_state(res, "gtpo_lr3e-4").startswith("not met: ")
+    assert report._item5_state({"stats": {}}, "gtpo_lr3e-4") == "no runs of the default arm"

@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 
 from . import stats
 from .common import DATA, ROOT, read_jsonl_gz
-from .smol import DEFAULT_ARM
+from .smol import DEFAULT_ARM, SAME_SETTINGS
 from .stress import REPLICATES, collapse_step
 
 DOCS_MD = os.path.join(ROOT, "docs", "results.md")
@@ -81,7 +81,8 @@ SMOL_LABELS = {"gtpo_v0": "GTPO at lr 5e-4 (the default until 2026-12-01)",
                "gtpo_lr3e-4": "GTPO at lr 3e-4 (gamma on all groups)",
                "gtpo_lr3e-4_varying": "GTPO at lr 3e-4, gamma only on varying groups",
                "grpo_lr3e-4": "GRPO at lr 3e-4", "dr_grpo_lr3e-4": "Dr.GRPO at lr 3e-4",
-               "gtpo_fixed07_lr3e-4": "GTPO at lr 3e-4, fixed tau 0.7 filter"}
+               "gtpo_fixed07_lr3e-4": "GTPO at lr 3e-4, fixed tau 0.7 filter",
+               "gtpo_lr3e-4_2threads": "GTPO at lr 3e-4, two threads (as `scripts/demo.sh` runs it)"}
 
 
 def smol_run_stats(rec: dict, before: float) -> dict:
@@ -767,9 +768,10 @@ VERDICTS: dict[str, str] = {
     "status": (
         "Item 1 is complete and decides claim 1: at least 200 groups with reward variance in every state of the "
         "tiny model (the first state after 150 GRPO steps kept 86; its rerun `grpo150b` has 200) and in both "
-        "variants at SmolLM2's start. Item 5 is met: the default run now uses "
-        "learning rate 3e-4 (was 5e-4), and on seeds 0-4 none of its runs collapsed and each gained 16.5-36 "
-        "points. Item 4 is complete: GTPO, GRPO and Dr.GRPO at the default's rate and a fixed-τ arm whose filter "
+        "variants at SmolLM2's start. Item 5 is met on the one-thread runs it was chosen on (the default run "
+        "now uses learning rate 3e-4, was 5e-4; on seeds 0-4 none collapsed and each gained 16.5-36 points) but "
+        "not quite as `scripts/demo.sh` runs it on these machines (two threads: other trajectories of the same "
+        "settings): none collapsed, but seed 0 gained only +8.0 points (the others +24.5 to +29.5). Item 4 is complete: GTPO, GRPO and Dr.GRPO at the default's rate and a fixed-τ arm whose filter "
         "acts (10-21 % of completions dropped per step), 5 seeds each. Item 2 (claim 2) ran on two stress models: "
         "an adaptive grid of 162 runs (replicate a: GTPO delays the collapse at x15, log-rank p = 0.0024) and the "
         "whole declared grid of 540 runs on a rebuilt model (replicate b: every arm at x3-x15, 12 seeds; no arm "
@@ -1001,6 +1003,16 @@ VERDICTS: dict[str, str] = {
         "+16.5 points, none collapsed** (mean 35.3 %, sd of the gain 7.9 points, against 16.7 at 5e-4). The "
         "mean KL(π_new‖π_old) per step is smaller than at 5e-4 on 4 of the 5 seeds (0.002-0.016 against "
         "0.007-0.035), and the entropy still falls (0.73-0.83 → 0.09-0.27 nats).\n\n"
+        "**The same settings with two threads, as `scripts/demo.sh` runs them** (arm `gtpo_lr3e-4_2threads`, "
+        "added 2026-12-02 after a fresh-clone `scripts/demo.sh`, which leaves torch at one thread per core, "
+        "ended at 17.0 % on seed 0): 17.0 / 35.0 / 38.0 / 38.5 / 33.5 % on seeds 0-4 (gains +8.0 / +26.0 / "
+        "+29.0 / +29.5 / +24.5 points), none collapsed, 7-9 min per run with the 2 cores to itself. Seed 0 "
+        "ends in bare equations (9.4 tokens; a quarter of its answers are '-1'), the path of the 5e-4 "
+        "collapses without the collapse. The thread count changes floating-point sums, so these are five more "
+        "trajectories of the same settings, not another method (one thread minus two, paired by seed: +2.9 "
+        "points, exact Wilcoxon p = 1). Over the ten trajectories none collapsed and 9 of 10 gained ≥ 10 "
+        "points: item 5's bar holds on the one-thread runs and misses by 2 points on one two-thread run, so "
+        "the default is not yet robust to the trajectory noise a user meets.\n\n"
         "**Against GRPO (item 4).** At the same rate, 3e-4, GRPO (seeds 0-4: 38.0 / 30.5 / 40.0 / 43.0 / 41.5 %, "
         "none collapsed, every gain ≥ 21.5 points) also meets item 5's bar, and ends higher on average: GTPO "
         "minus GRPO at 3e-4, paired by seed, −3.3 points (+3.0, +4.5, −10.0, +2.0, −16.0), exact Wilcoxon "
@@ -1036,16 +1048,22 @@ VERDICTS: dict[str, str] = {
 
 
 def _item5_state(smol_res: dict, default_arm: str) -> str:
-    """Item 5's bar on the default arm's runs: >= 5 seeds, none collapsed, every gain >= 10 points."""
-    sts = (smol_res.get("stats") or {}).get(default_arm, {})
-    if not sts:
-        return "no runs of the default arm"
-    n, coll = len(sts), sum(s["collapsed"] for s in sts.values())
-    ok = sum(s["gain"] >= 0.10 for s in sts.values())
-    met = n >= 5 and coll == 0 and ok == n
-    return (f"{'met' if met else 'not met'}: `{default_arm}` ({SMOL_LABELS.get(default_arm, default_arm)}) on seeds "
-            f"{', '.join(map(str, sorted(sts)))}: {coll} collapsed, {ok} of {n} gained ≥ 10 points "
-            f"(worst {100 * min(s['gain'] for s in sts.values()):+.1f})")
+    """Item 5's bar on the default's runs: >= 5 seeds, none collapsed, every gain >= 10 points; judged on
+    the default arm and on every arm with the same settings under another thread count (SAME_SETTINGS)."""
+    parts, all_met = [], True
+    for arm in (default_arm, *SAME_SETTINGS.get(default_arm, ())):
+        sts = (smol_res.get("stats") or {}).get(arm, {})
+        if not sts:
+            if arm == default_arm:
+                return "no runs of the default arm"
+            continue
+        n, coll = len(sts), sum(s["collapsed"] for s in sts.values())
+        ok = sum(s["gain"] >= 0.10 for s in sts.values())
+        all_met &= n >= 5 and coll == 0 and ok == n
+        parts.append(f"`{arm}` ({SMOL_LABELS.get(arm, arm)}) on seeds {', '.join(map(str, sorted(sts)))}: "
+                     f"{coll} collapsed, {ok} of {n} gained ≥ 10 points "
+                     f"(worst {100 * min(s['gain'] for s in sts.values()):+.1f})")
+    return f"{'met' if all_met else 'not met'}: " + "; ".join(parts)
 
 
 def _stress_design(res: dict, name: str) -> str:

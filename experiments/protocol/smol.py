@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from .common import DATA, ROOT, RUNS, cpu_seconds, now, read_jsonl, setup_env, write_json, write_jsonl_gz
+from .common import DATA, ROOT, RUNS, cpu_seconds, now, read_jsonl, read_jsonl_gz, setup_env, write_json, write_jsonl_gz
 
 SMOL_RUNS = os.path.join(RUNS, "smol")
 BEFORE_CACHE = os.path.join(SMOL_RUNS, "before.json")
@@ -62,10 +62,21 @@ ARMS: dict[str, list[str]] = {
     # item 4's fixed-tau arm at the default's rate: the released code's filter at tau 0.7 (acts: the
     # mean entropy at temperature 0.7 is ~0.76, so completions above it are dropped)
     "gtpo_fixed07_lr3e-4": [*LR_3, "--entropy_rule", "fixed", "--entropy_threshold", "0.7"],
+    # the default run exactly as `scripts/demo.sh` runs it on these 2-core machines: torch's default of one
+    # thread per core. The thread count changes floating-point sums, so these are other trajectories of
+    # the same settings than the one-thread runs of `gtpo_lr3e-4` (added 2026-12-02, after a fresh-clone
+    # `scripts/demo.sh` on seed 0 ended at 17.0 %, +8 points, against 41.0 % with one thread)
+    "gtpo_lr3e-4_2threads": [*LR_3],
 }
+
+#: torch threads per arm where it is not the runner's ``--threads`` (every other arm: one thread, two
+#: runs sharing the machine)
+ARM_THREADS: dict[str, int] = {"gtpo_lr3e-4_2threads": 2}
 
 #: the arm that is `gtpo train --demo` as src/gtpo/configs/default.yaml now sets it
 DEFAULT_ARM = "gtpo_lr3e-4"
+#: arms that run the default's settings with another thread count (other trajectories of the same run)
+SAME_SETTINGS: dict[str, tuple[str, ...]] = {"gtpo_lr3e-4": ("gtpo_lr3e-4_2threads",)}
 
 
 def run_dir(arm: str, seed: int) -> str:
@@ -162,10 +173,16 @@ def run(arm: str, seed: int) -> None:
 
 # keys of metrics.jsonl kept in the committed data (everything numeric is small; keep all)
 def export(out: str = os.path.join(DATA, "smol.jsonl.gz")) -> str:
+    """Write every finished run under SMOL_RUNS to ``out``. Runs already in ``out`` whose directories
+    are not on this machine (another session, a cleaned cache) are kept; a run present in both is
+    taken from its directory."""
+    committed = read_jsonl_gz(out) if os.path.isfile(out) else []
     recs = []
     if os.path.isfile(BEFORE_CACHE):
         before = json.load(open(BEFORE_CACHE))
         recs.append({"kind": "before", **before})
+    else:
+        recs += [r for r in committed if r["kind"] == "before"]
     for arm in ARMS:
         for name in sorted(os.listdir(os.path.join(SMOL_RUNS, arm))) if os.path.isdir(os.path.join(SMOL_RUNS, arm)) else []:
             seed = int(name.removeprefix("seed"))
@@ -182,8 +199,13 @@ def export(out: str = os.path.join(DATA, "smol.jsonl.gz")) -> str:
                          "timing": json.load(open(os.path.join(d, "timing.json"))) if os.path.isfile(os.path.join(d, "timing.json")) else None,
                          "eval_after": json.load(open(os.path.join(d, "eval_after.json"))),
                          "steps": [steps[k] for k in sorted(steps)], "completions": comps})
-    if not any(r["kind"] == "run" for r in recs):  # never replace the committed data by an empty file
+    local = {(r["arm"], r["seed"]) for r in recs if r["kind"] == "run"}
+    if not local:  # nothing finished here: the committed data stays as it is
         raise SystemExit(f"no finished runs under {SMOL_RUNS}: {out} left as it is")
+    # runs of arms no longer in ARMS are not resurrected
+    recs += [r for r in committed if r["kind"] == "run" and r["arm"] in ARMS and (r["arm"], r["seed"]) not in local]
+    order = {a: i for i, a in enumerate(ARMS)}
+    recs.sort(key=lambda r: (r["kind"] != "before", order.get(r.get("arm"), -1), r.get("seed", -1)))
     write_jsonl_gz(out, recs)
     return out
 
@@ -208,13 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "export":
         print(export())
         return 0
-    setup_env(args.threads)
     pairs = args.pairs
     if len(pairs) % 2:
         p.error("give ARM SEED pairs")
     for arm, seed in zip(pairs[::2], pairs[1::2]):
         if arm not in ARMS:
             p.error(f"unknown arm {arm}; known: {list(ARMS)}")
+        setup_env(ARM_THREADS.get(arm, args.threads))
         run(arm, int(seed))
     return 0
 
