@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 
 from . import stats
 from .common import DATA, ROOT, read_jsonl_gz
-from .smol import DEFAULT_ARM, SAME_SETTINGS
+from .smol import DEFAULT_ARM, same_settings
 from .stress import REPLICATES, collapse_step
 
 DOCS_MD = os.path.join(ROOT, "docs", "results.md")
@@ -1049,9 +1049,9 @@ VERDICTS: dict[str, str] = {
 
 def _item5_state(smol_res: dict, default_arm: str) -> str:
     """Item 5's bar on the default's runs: >= 5 seeds, none collapsed, every gain >= 10 points; judged on
-    the default arm and on every arm with the same settings under another thread count (SAME_SETTINGS)."""
+    the default arm and on every arm with the same settings under another thread count (`smol.same_settings`)."""
     parts, all_met = [], True
-    for arm in (default_arm, *SAME_SETTINGS.get(default_arm, ())):
+    for arm in (default_arm, *same_settings(default_arm)):
         sts = (smol_res.get("stats") or {}).get(arm, {})
         if not sts:
             if arm == default_arm:

@@ -75,8 +75,11 @@ ARM_THREADS: dict[str, int] = {"gtpo_lr3e-4_2threads": 2}
 
 #: the arm that is `gtpo train --demo` as src/gtpo/configs/default.yaml now sets it
 DEFAULT_ARM = "gtpo_lr3e-4"
-#: arms that run the default's settings with another thread count (other trajectories of the same run)
-SAME_SETTINGS: dict[str, tuple[str, ...]] = {"gtpo_lr3e-4": ("gtpo_lr3e-4_2threads",)}
+
+
+def same_settings(arm: str) -> tuple[str, ...]:
+    """The arms that run ``arm``'s overrides with another thread count (other trajectories of the same run)."""
+    return tuple(a for a in ARMS if a != arm and ARMS[a] == ARMS[arm] and ARM_THREADS.get(a) != ARM_THREADS.get(arm))
 
 
 def run_dir(arm: str, seed: int) -> str:
