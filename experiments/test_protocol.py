@@ -354,3 +354,23 @@ def test_item5_is_judged_on_every_thread_count():
     res["stats"]["gtpo_lr3e-4_2threads"] = good
     assert report._item5_state(res, "gtpo_lr3e-4").startswith("not met: ")
     assert report._item5_state({"stats": {}}, "gtpo_lr3e-4") == "no runs of the default arm"
+
+
+def test_smol_arms_pin_what_the_default_may_change():
+    """Every arm names its learning rate and step count, so changing src/gtpo/configs/default.yaml (lr 3e-4
+    over 30 steps -> 2e-4 over 40 on 2026-12-02) cannot change what a committed arm means; the default arm's
+    overrides are exactly what the shipped default.yaml sets."""
+    import yaml
+
+    from experiments.protocol import smol
+    from experiments.protocol.common import ROOT
+
+    for arm, argv in smol.ARMS.items():
+        assert "--learning_rate" in argv and "--max_steps" in argv, arm
+    default = yaml.safe_load(open(os.path.join(ROOT, "src", "gtpo", "configs", "default.yaml")))
+    over = dict(zip(smol.ARMS[smol.DEFAULT_ARM][::2], smol.ARMS[smol.DEFAULT_ARM][1::2]))
+    assert float(over["--learning_rate"]) == default["learning_rate"]
+    assert int(over["--max_steps"]) == default["max_steps"]
+    assert set(over) == {"--learning_rate", "--max_steps"}  # nothing else differs from the shipped default
+    assert smol.same_settings(smol.DEFAULT_ARM) == ("gtpo_lr2e-4_40",)
+    assert smol.same_settings("gtpo_lr3e-4") == ("gtpo_lr3e-4_2threads",)

@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 
 from . import stats
 from .common import DATA, ROOT, read_jsonl_gz
-from .smol import DEFAULT_ARM, same_settings
+from .smol import ARM_THREADS, ARMS, DEFAULT_ARM, same_settings
 from .stress import REPLICATES, collapse_step
 
 DOCS_MD = os.path.join(ROOT, "docs", "results.md")
@@ -78,11 +78,14 @@ SMOL_LABELS = {"gtpo_v0": "GTPO at lr 5e-4 (the default until 2026-12-01)",
                "gtpo_fixed07": "GTPO, fixed tau 0.7 filter",
                "gtpo_nodiv": "GTPO, no division by the conflict count",
                "gtpo_nodiv_varying": "GTPO, no division by the conflict count, gamma only on varying groups",
-               "gtpo_lr3e-4": "GTPO at lr 3e-4 (gamma on all groups)",
+               "gtpo_lr3e-4": "GTPO at lr 3e-4 (the default until 2026-12-02)",
                "gtpo_lr3e-4_varying": "GTPO at lr 3e-4, gamma only on varying groups",
                "grpo_lr3e-4": "GRPO at lr 3e-4", "dr_grpo_lr3e-4": "Dr.GRPO at lr 3e-4",
                "gtpo_fixed07_lr3e-4": "GTPO at lr 3e-4, fixed tau 0.7 filter",
-               "gtpo_lr3e-4_2threads": "GTPO at lr 3e-4, two threads (as `scripts/demo.sh` runs it)"}
+               "gtpo_lr3e-4_2threads": "GTPO at lr 3e-4, two threads (as `scripts/demo.sh` runs it)",
+               "gtpo_lr2e-4_40": "GTPO at lr 2e-4, 40 steps",
+               "gtpo_lr2e-4_40_2threads": "GTPO at lr 2e-4, 40 steps, two threads (as `scripts/demo.sh` runs it)",
+               "grpo_lr2e-4_40_2threads": "GRPO at lr 2e-4, 40 steps, two threads"}
 
 
 def smol_run_stats(rec: dict, before: float) -> dict:
@@ -325,7 +328,9 @@ def onestep_section(data: dict[str, list[dict]]) -> tuple[str, dict]:
     return "\n".join(out), results
 
 
-def smol_section(default_arm: str, baseline_arms=("grpo_lr3e-4", "dr_grpo_lr3e-4", "grpo", "gtpo_v0", "dr_grpo")) -> tuple[str, dict]:
+def smol_section(default_arm: str, baseline_arms=("grpo_lr2e-4_40_2threads", "gtpo_lr2e-4_40",
+                                                  "gtpo_lr3e-4_2threads", "gtpo_lr3e-4", "grpo_lr3e-4",
+                                                  "dr_grpo_lr3e-4", "grpo", "gtpo_v0", "dr_grpo")) -> tuple[str, dict]:
     before, runs = load_smol()
     if before is None:
         return "(no data)\n", {}
@@ -361,33 +366,46 @@ def smol_section(default_arm: str, baseline_arms=("grpo_lr3e-4", "dr_grpo_lr3e-4
                       sum(g >= 0.10 for g in gains)])
     out.append(table(["arm", "seeds", "mean after %", "sd of gain", "worst gain", "collapsed", "seeds gaining ≥ 10 points"],
                      srows) + "\n")
+    # the default against every other arm; each of its other-thread-count twins against the arms of
+    # SMOL_CURVE_ARMS run with that thread count; each previous default against the arms run for as many steps
+    pairs = [(default_arm, arm) for arm in order if arm != default_arm]
+    pairs += [(twin, arm) for twin in same_settings(default_arm) for arm in SMOL_CURVE_ARMS
+              if arm != twin and ARM_THREADS.get(arm) == ARM_THREADS.get(twin)]
+    pairs += [(prev, arm) for prev in SMOL_PREVIOUS_DEFAULTS if prev != default_arm for arm in order
+              if arm != prev and _arm_steps(arm) == _arm_steps(prev)]
     comp = []
-    d = stats_by_arm.get(default_arm, {})
-    for arm in order:
-        if arm == default_arm or arm not in stats_by_arm:
+    for a, arm in pairs:
+        row = _smol_comparison(stats_by_arm.get(a, {}), stats_by_arm.get(arm, {}))
+        if row is None:
             continue
-        shared = sorted(set(d) & set(stats_by_arm[arm]))
-        if len(shared) < 2:
-            continue
-        diffs = [d[s]["after"] - stats_by_arm[arm][s]["after"] for s in shared]
-        w = stats.wilcoxon_signed_rank(diffs)
-        t = stats.paired_t(diffs)
-        bb = cc = 0  # McNemar over (seed, problem) pairs: default right / other wrong, and the reverse
-        for s in shared:
-            for x, y in zip(d[s]["correct"], stats_by_arm[arm][s]["correct"]):
-                bb += x and not y
-                cc += y and not x
-        mdd = stats.mdd_paired(t["sd"], len(shared)) if t["sd"] == t["sd"] and len(shared) > 2 else float("nan")
-        comp.append([f"{SMOL_LABELS.get(default_arm)} − {SMOL_LABELS.get(arm, arm)}", ", ".join(map(str, shared)),
-                     f"{100 * statistics.mean(diffs):+.1f}", f"W+ = {w['w_plus']:.0f}, p = {fmt_p(w['p'])} (exact)",
-                     f"t = {t['t']:.2f}, p = {fmt_p(t['p'])}", f"{100 * mdd:.0f}",
-                     f"{bb} vs {cc}, p = {fmt_p(stats.mcnemar_exact(bb, cc))}"])
-        res[("vs", arm)] = {"diffs": diffs, "wilcoxon": w, "t": t, "mdd": mdd, "mcnemar": (bb, cc)}
+        comp.append([f"{SMOL_LABELS.get(a, a)} − {SMOL_LABELS.get(arm, arm)}", *row["cells"]])
+        res[("vs", arm) if a == default_arm else ("vs", a, arm)] = row["res"]
     if comp:
         out.append(table(["difference of final accuracy (points)", "paired seeds", "mean", "Wilcoxon signed-rank",
                           "paired t", "MDD (80 % power, points)", "problems right only under one (McNemar, all seeds pooled)"],
                          comp) + "\n")
     return "\n".join(out), res
+
+
+def _smol_comparison(d: dict, o: dict) -> dict | None:
+    """Final accuracy of arm ``d`` minus arm ``o`` on their shared seeds (per-seed stats of `smol_run_stats`):
+    Wilcoxon signed-rank, paired t, the MDD and McNemar's count over (seed, problem); None under 2 seeds."""
+    shared = sorted(set(d) & set(o))
+    if len(shared) < 2:
+        return None
+    diffs = [d[s]["after"] - o[s]["after"] for s in shared]
+    w = stats.wilcoxon_signed_rank(diffs)
+    t = stats.paired_t(diffs)
+    bb = cc = 0  # McNemar over (seed, problem) pairs: d right / o wrong, and the reverse
+    for s in shared:
+        for x, y in zip(d[s]["correct"], o[s]["correct"]):
+            bb += x and not y
+            cc += y and not x
+    mdd = stats.mdd_paired(t["sd"], len(shared)) if t["sd"] == t["sd"] and len(shared) > 2 else float("nan")
+    cells = [", ".join(map(str, shared)), f"{100 * statistics.mean(diffs):+.1f}",
+             f"W+ = {w['w_plus']:.0f}, p = {fmt_p(w['p'])} (exact)", f"t = {t['t']:.2f}, p = {fmt_p(t['p'])}",
+             f"{100 * mdd:.0f}", f"{bb} vs {cc}, p = {fmt_p(stats.mcnemar_exact(bb, cc))}"]
+    return {"cells": cells, "res": {"diffs": diffs, "wilcoxon": w, "t": t, "mdd": mdd, "mcnemar": (bb, cc)}}
 
 
 STRESS_LABELS = {"grpo": "GRPO", "grpo_masks": "GRPO + conflict masks", "grpo_filter_gamma": "GRPO + filter + gamma",
@@ -514,6 +532,20 @@ def stress_section(replicate: str = "a") -> tuple[str, dict]:
 
 
 # ------------------------------------------------------------------ figures of the protocol
+#: the defaults before the present one (`smol.DEFAULT_ARM`), each compared with the arms run for as many steps
+SMOL_PREVIOUS_DEFAULTS = ("gtpo_lr3e-4",)
+
+
+def _arm_steps(arm: str) -> str | None:
+    """The ``--max_steps`` an arm of `smol.ARMS` sets (None if it does not set one)."""
+    argv = ARMS.get(arm, [])
+    return argv[argv.index("--max_steps") + 1] if "--max_steps" in argv else None
+
+
+#: arms whose training curves are drawn next to the default's (and its other-thread-count twins)
+SMOL_CURVE_ARMS = ("grpo_lr2e-4_40_2threads", "gtpo_lr3e-4", "gtpo_lr3e-4_2threads", "grpo_lr3e-4")
+
+
 def fig_smol(res: dict, default_arm: str, arms: list[str]) -> str | None:
     if not res:
         return None
@@ -531,21 +563,23 @@ def fig_smol(res: dict, default_arm: str, arms: list[str]) -> str | None:
     ax.axhline(100 * b, color="k", lw=0.8, ls="--", label="before")
     ax.axhline(100 * (b + 0.10), color="grey", lw=0.8, ls=":", label="before + 10 points")
     ax.set_xticks(range(len(arms)))
-    ax.set_xticklabels([a.replace("_", "\n") for a in arms], fontsize=6)  # arm names: the legend has the long labels
-    ax.set_ylabel("greedy accuracy after, % (200 held-out)")
+    ax.set_xticklabels(arms, fontsize=6, rotation=60, ha="right")  # arm names: the legend has the long labels
+    ax.set_ylabel("accuracy after, % (200 held-out)", fontsize=8)
     ax.legend(fontsize=7)
+    # the curves of every arm would be unreadable: the default, its other-thread-count twins, and the arms
+    # of SMOL_CURVE_ARMS (GRPO at the default's settings, the previous default); two-thread runs dashed
+    curve_arms = [a for a in dict.fromkeys((default_arm, *same_settings(default_arm), *SMOL_CURVE_ARMS)) if runs.get(a)]
     for k, (key, title) in enumerate((("reward/mean", "training reward (5-step mean, seed mean)"),
                                       ("entropy/mean", "token entropy (seed mean)")), start=1):
         ax = axes[0][k]
-        for i, arm in enumerate(arms):
-            seeds = runs.get(arm, {})
-            if not seeds:
-                continue
+        for i, arm in enumerate(curve_arms):
+            seeds = runs[arm]
             n = min(len(r["steps"]) for r in seeds.values())
             ys = [statistics.mean(r["steps"][t][key] for r in seeds.values()) for t in range(n)]
             if key == "reward/mean":
                 ys = [statistics.mean(ys[max(0, t - 4):t + 1]) for t in range(n)]
-            ax.plot(range(1, n + 1), ys, color=f"C{i}", label=SMOL_LABELS.get(arm, arm), lw=1.2)
+            ax.plot(range(1, n + 1), ys, color=f"C{i}", ls="--" if ARM_THREADS.get(arm, 1) > 1 else "-",
+                    label=SMOL_LABELS.get(arm, arm), lw=1.2)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step")
     axes[0][1].legend(fontsize=6)
@@ -985,11 +1019,34 @@ VERDICTS: dict[str, str] = {
         "two-step arithmetic task, 150 steps; the paper's models, benchmarks and pass@k at k up to 64 need a GPU "
         "(below).\n"),
     "smol": (
-        "Every run that finished, every seed shown (30 steps of `gtpo train --demo` with the arm's overrides; "
-        "seeds 0-4). Collapsed: accuracy after < before, or one final number in more than half of the held-out "
-        "answers. Runs were made by `python -m experiments.protocol.smol run ARM SEED` with one thread each, "
-        "two at a time on the 2 cores (wall / CPU minutes in the table).\n\n"
-        "**The default run (item 5): GTPO at learning rate 3e-4.** At the earlier default rate 5e-4, GTPO "
+        "Every run that finished, every seed shown (`gtpo train --demo` with the arm's overrides, which name "
+        "its learning rate and number of steps: 30, or 40 for the arms `*_lr2e-4_40*`; seeds 0-4). Collapsed: "
+        "accuracy after < before, or one final number in more than half of the held-out answers. Runs were made "
+        "by `python -m experiments.protocol.smol run ARM SEED` with one thread each, two at a time on the 2 cores, "
+        "except the arms ending in `_2threads`: two threads (torch's default here, what `scripts/demo.sh` gets), "
+        "one run at a time (wall / CPU minutes in the table).\n\n"
+        "**The default run (item 5): GTPO at learning rate 2e-4 over 40 steps (since 2026-12-02).** The previous "
+        "default (3e-4 over 30 steps, below) gained only 8 points on seed 0 as `scripts/demo.sh` runs it. The "
+        "candidates and the rule were declared before any run (closing note of 2026-12-02): lr 2e-4 over 40 "
+        "steps, then lr 3e-4 with `max_grad_norm` 0.5, each on seeds 0-4 with two and with one thread; take "
+        "the first whose ten trajectories all gain ≥ 10 points. The first passed, so the second was not run. As the demo runs it (two threads): "
+        "**40.0 / 44.0 / 37.5 / 43.5 / 36.0 % on seeds 0-4, gains +31.0 / +35.0 / +28.5 / +34.5 / +27.0 "
+        "points, none collapsed** (mean 40.2 %, sd of the gain 3.5 points against 8.9 for the previous default "
+        "with two threads), 6-11 min per run. With one thread: 40.0 / 44.0 / 32.5 / 43.5 / 36.0 % (gains ≥ 23.5 points, none "
+        "collapsed). Only seed 2 followed another trajectory with one thread (its samples differ from step 5 "
+        "on); in seeds 0, 1, 3 and 4 the floating-point differences of the thread count flipped no sampled "
+        "token at this step size, so the ten runs are six distinct trajectories (at 3e-4, four of five seeds "
+        "had diverged, from steps 2-14). Four of the five end in bare equations "
+        "(~10 tokens, '2 + 5 = 7'), seed 1 in a short sentence frame (~30 tokens); each run gets 1-2 of the 43 held-out "
+        "subtractions with a negative result right ('6 - 9 = -3'; mostly '49 - 85 = 2' or '= -1'), and 45-55 % of the other 157. Against the previous default as the demo ran it: +7.8 points, paired "
+        "by seed, Wilcoxon p = 0.12 (MDD 15 points): what changed is the worst seed (+27.0 against +8.0), "
+        "not a mean shown higher at five seeds. **GRPO at the same settings** (two threads: 45.0 / 40.5 / "
+        "34.0 / 41.5 / 42.0 %, none collapsed, every gain ≥ 25 points, mean 40.6 %): GTPO minus GRPO −0.4 "
+        "points, exact Wilcoxon W+ = 6, p = 0.75, paired t p = 0.86, MDD 8 points at 80 % power: **no "
+        "difference shown**; a small enough step gives GRPO the same stability here, and GTPO's protections "
+        "move the final accuracy by less than ~8 points if at all. GRPO's runs end in bare equations too (10-12 "
+        "tokens) except seeds 1 and 3 (25-31 tokens).\n\n"
+        "**The previous default: GTPO at learning rate 3e-4 over 30 steps (2026-12-01 to 12-02).** At the earlier default rate 5e-4, GTPO "
         "collapsed on seed 2 (2.0 %: \"The answer is N.\" with a guessed N to all 200 problems, replies of ~7 tokens, reward ~0 "
         "from step 22; the same seed had collapsed at commit 31fa962 too) and the best-looking variant (no "
         "division by the conflict count, γ only on varying groups) on seed 1 (6.0 %: bare numbers, KL(π_new‖π_old) "
@@ -1012,8 +1069,8 @@ VERDICTS: dict[str, str] = {
         "trajectories of the same settings, not another method (one thread minus two, paired by seed: +2.9 "
         "points, exact Wilcoxon p = 1). Over the ten trajectories none collapsed and 9 of 10 gained ≥ 10 "
         "points: item 5's bar holds on the one-thread runs and misses by 2 points on one two-thread run, so "
-        "the default is not yet robust to the trajectory noise a user meets.\n\n"
-        "**Against GRPO (item 4).** At the same rate, 3e-4, GRPO (seeds 0-4: 38.0 / 30.5 / 40.0 / 43.0 / 41.5 %, "
+        "these settings were not robust to the trajectory noise a user meets, and were replaced (above).\n\n"
+        "**Against GRPO at the previous default's settings (item 4).** At the same rate, 3e-4, GRPO (seeds 0-4: 38.0 / 30.5 / 40.0 / 43.0 / 41.5 %, "
         "none collapsed, every gain ≥ 21.5 points) also meets item 5's bar, and ends higher on average: GTPO "
         "minus GRPO at 3e-4, paired by seed, −3.3 points (+3.0, +4.5, −10.0, +2.0, −16.0), exact Wilcoxon "
         "W+ = 6, p = 0.81, paired t p = 0.47; five seeds at this spread detect a 15-point difference at 80 % "

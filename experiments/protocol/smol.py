@@ -32,10 +32,11 @@ BEFORE_CACHE = os.path.join(SMOL_RUNS, "before.json")
 
 #: Arms: overrides on top of `gtpo train --demo` (src/gtpo/configs/default.yaml). The default config
 #: sets gamma 0.1 explicitly, so the baselines must set gamma 0 (else they would get the shift). Every
-#: arm names its learning rate: the default's rate changed (5e-4 -> 3e-4, chosen from these runs), and
-#: an arm must mean the same run before and after.
-LR_V0 = ["--learning_rate", "5e-4"]
-LR_3 = ["--learning_rate", "3e-4"]
+#: arm names its learning rate and number of steps: the default's changed (lr 5e-4 -> 3e-4 -> 2e-4, 30
+#: -> 40 steps, chosen from these runs), and an arm must mean the same run before and after.
+LR_V0 = ["--learning_rate", "5e-4", "--max_steps", "30"]
+LR_3 = ["--learning_rate", "3e-4", "--max_steps", "30"]
+LR_2_40 = ["--learning_rate", "2e-4", "--max_steps", "40"]
 ARMS: dict[str, list[str]] = {
     # the default run as it was at 57a59c7 (GTPO, <H>_ini rule with ln 2, gamma 0.1 on every group, lr 5e-4)
     "gtpo_v0": [*LR_V0],
@@ -67,14 +68,20 @@ ARMS: dict[str, list[str]] = {
     # the same settings than the one-thread runs of `gtpo_lr3e-4` (added 2026-12-02, after a fresh-clone
     # `scripts/demo.sh` on seed 0 ended at 17.0 %, +8 points, against 41.0 % with one thread)
     "gtpo_lr3e-4_2threads": [*LR_3],
+    # candidates for the default after that (declared in the closing note of 2026-12-02 before any run):
+    # a smaller step over more steps, each run with one and with two threads; GRPO at the same settings as
+    # `scripts/demo.sh` runs it
+    "gtpo_lr2e-4_40": [*LR_2_40],
+    "gtpo_lr2e-4_40_2threads": [*LR_2_40],
+    "grpo_lr2e-4_40_2threads": [*LR_2_40, "--loss_type", "grpo", "--gamma", "0.0"],
 }
 
 #: torch threads per arm where it is not the runner's ``--threads`` (every other arm: one thread, two
 #: runs sharing the machine)
-ARM_THREADS: dict[str, int] = {"gtpo_lr3e-4_2threads": 2}
+ARM_THREADS: dict[str, int] = {"gtpo_lr3e-4_2threads": 2, "gtpo_lr2e-4_40_2threads": 2, "grpo_lr2e-4_40_2threads": 2}
 
 #: the arm that is `gtpo train --demo` as src/gtpo/configs/default.yaml now sets it
-DEFAULT_ARM = "gtpo_lr3e-4"
+DEFAULT_ARM = "gtpo_lr2e-4_40_2threads"
 
 
 def same_settings(arm: str) -> tuple[str, ...]:
