@@ -88,6 +88,20 @@ SMOL_LABELS = {"gtpo_v0": "GTPO at lr 5e-4 (the default until 2026-12-01)",
                "grpo_lr2e-4_40_2threads": "GRPO at lr 2e-4, 40 steps, two threads"}
 
 
+#: the defaults before the present one (`smol.DEFAULT_ARM`), each compared with the arms run for as many steps
+SMOL_PREVIOUS_DEFAULTS = ("gtpo_lr3e-4",)
+
+
+def _arm_steps(arm: str) -> str | None:
+    """The ``--max_steps`` an arm of `smol.ARMS` sets (None if it does not set one)."""
+    argv = ARMS.get(arm, [])
+    return argv[argv.index("--max_steps") + 1] if "--max_steps" in argv else None
+
+
+#: arms whose training curves are drawn next to the default's (and its other-thread-count twins)
+SMOL_CURVE_ARMS = ("grpo_lr2e-4_40_2threads", "gtpo_lr3e-4", "gtpo_lr3e-4_2threads", "grpo_lr3e-4")
+
+
 def smol_run_stats(rec: dict, before: float) -> dict:
     texts = rec["eval_after"]["texts"]
     lasts = []
@@ -532,20 +546,6 @@ def stress_section(replicate: str = "a") -> tuple[str, dict]:
 
 
 # ------------------------------------------------------------------ figures of the protocol
-#: the defaults before the present one (`smol.DEFAULT_ARM`), each compared with the arms run for as many steps
-SMOL_PREVIOUS_DEFAULTS = ("gtpo_lr3e-4",)
-
-
-def _arm_steps(arm: str) -> str | None:
-    """The ``--max_steps`` an arm of `smol.ARMS` sets (None if it does not set one)."""
-    argv = ARMS.get(arm, [])
-    return argv[argv.index("--max_steps") + 1] if "--max_steps" in argv else None
-
-
-#: arms whose training curves are drawn next to the default's (and its other-thread-count twins)
-SMOL_CURVE_ARMS = ("grpo_lr2e-4_40_2threads", "gtpo_lr3e-4", "gtpo_lr3e-4_2threads", "grpo_lr3e-4")
-
-
 def fig_smol(res: dict, default_arm: str, arms: list[str]) -> str | None:
     if not res:
         return None
