@@ -51,10 +51,61 @@ def test_wilcoxon_normal_by_hand():
     assert neg["z"] == pytest.approx(-r["z"]) and neg["p"] == pytest.approx(r["p"])
 
 
+def _brute_wilcoxon(d):
+    """Two-sided exact p by enumerating every sign pattern of the (tied, average) ranks of the non-zero |d|."""
+    import itertools
+
+    d = [x for x in d if x != 0]
+    ranks = stats.rankdata([abs(x) for x in d])
+    n, mean = len(d), len(d) * (len(d) + 1) / 4
+    dev = abs(sum(r for r, x in zip(ranks, d) if x > 0) - mean)
+    sums = [sum(r for r, s in zip(ranks, signs) if s) for signs in itertools.product((0, 1), repeat=n)]
+    return sum(abs(s - mean) >= dev - 1e-9 for s in sums) / 2 ** n
+
+
+def test_wilcoxon_tied_ranks_are_exact():
+    """With tied |d| scipy's method='exact' rounds W+ onto the untied distribution (not exact): the module
+    enumerates the sign flips of the tied ranks instead; a zero is dropped, not ranked."""
+    from scipy.stats import wilcoxon
+
+    d = [0.5, 0.5, -0.5, 1.0, 1.0, 1.5, -2.0, 2.0, 2.0, 3.0, 0.0, 0.25]
+    r = stats.wilcoxon_signed_rank(d)
+    assert r["method"] == "exact-ties" and r["n"] == 11
+    assert r["p"] == pytest.approx(_brute_wilcoxon(d), rel=1e-12)
+    assert wilcoxon([x for x in d if x], method="exact").pvalue != pytest.approx(r["p"], rel=1e-6)
+    # 16 paired seeds, as in claim 7: pass@1 differences on a 1/4000 grid tie often
+    rng = __import__("random").Random(3)
+    d16 = [rng.choice([-3, -1, 1, 1, 2, 2, 4, 5]) / 4000 for _ in range(16)]
+    r16 = stats.wilcoxon_signed_rank(d16)
+    assert r16["method"] == "exact-ties" and r16["p"] == pytest.approx(_brute_wilcoxon(d16), rel=1e-12)
+    # without ties the module's p is scipy's exact one
+    assert stats.wilcoxon_signed_rank([0.1, -0.2, 0.3, 0.4, 0.5])["p"] == pytest.approx(6 / 32)
+
+
 def test_mann_whitney_exact():
     r = stats.mann_whitney([1, 2, 3], [4, 5, 6])
     assert r["u"] == 0.0 and r["p"] == pytest.approx(2 / 20)
     assert stats.mann_whitney([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])["p"] == pytest.approx(2 / 252)
+
+
+def test_mann_whitney_tied_ranks_are_exact():
+    """Ties: every split of the pooled tied ranks, as extreme = |U - n1 n2 / 2| at least the observed."""
+    import itertools
+
+    x, y = [1, 2, 2, 3, 5], [2, 4, 4, 6, 7, 8]
+    r = stats.mann_whitney(x, y)
+    ranks = stats.rankdata(x + y)
+    us = [sum(ranks[i] for i in idx) - 15 for idx in itertools.combinations(range(11), 5)]
+    brute = sum(abs(u - 15) >= abs(r["u"] - 15) - 1e-9 for u in us) / len(us)
+    assert (r["u"], r["method"]) == (5.0, "exact-ties") and r["p"] == pytest.approx(brute, rel=1e-12)
+    assert r["p"] == pytest.approx(32 / 462)  # the previous hand-written enumeration's value
+
+
+def test_mann_whitney_normal_by_hand():
+    x, y = list(range(0, 24, 2)), list(range(1, 25, 2))  # 12 vs 12 (n > 20): U = 66, mean 72, var 300
+    r = stats.mann_whitney(x, y)
+    assert (r["u"], r["method"]) == (66.0, "normal")
+    assert r["p"] == pytest.approx(2 * stats.norm_sf(5.5 / math.sqrt(300)), rel=1e-12)
 
 
 def test_fisher_and_mcnemar():
@@ -78,6 +129,27 @@ def test_logrank_by_hand():
     # stratified: two identical strata double O - E and V, so chi2 doubles
     r3 = stats.logrank([1, 2, 3, 4, 5, 6] * 2, [1] * 12, (["A"] * 3 + ["B"] * 3) * 2, strata=[0] * 6 + [1] * 6)
     assert r3["chi2"] == pytest.approx(2 * r["chi2"])
+
+
+def test_logrank_equals_scipy_where_scipy_applies():
+    """Two groups, no strata, censored times with tied events: chi2 = scipy.stats.logrank's z squared."""
+    from scipy.stats import CensoredData
+    from scipy.stats import logrank as sp_logrank
+
+    ta, ea = [3, 5, 5, 8, 10, 12, 40, 40], [1, 1, 1, 1, 0, 1, 0, 0]
+    tb, eb = [2, 3, 3, 4, 6, 6, 9, 40], [1, 1, 1, 0, 1, 1, 1, 0]
+    r = stats.logrank(ta + tb, ea + eb, ["a"] * 8 + ["b"] * 8)
+
+    def cens(t, e):
+        return CensoredData(uncensored=[x for x, k in zip(t, e) if k], right=[x for x, k in zip(t, e) if not k])
+
+    sp = sp_logrank(cens(ta, ea), cens(tb, eb))
+    assert r["chi2"] == pytest.approx(sp.statistic ** 2, rel=1e-10)
+    assert r["p"] == pytest.approx(sp.pvalue, rel=1e-10)
+    # three groups: df 2, and relabelling the groups does not change the test
+    r3 = stats.logrank(ta + tb + ta, ea + eb + eb, ["a"] * 8 + ["b"] * 8 + ["c"] * 8)
+    r3b = stats.logrank(ta + tb + ta, ea + eb + eb, ["z"] * 8 + ["b"] * 8 + ["c"] * 8)
+    assert r3["df"] == 2 and r3["chi2"] == pytest.approx(r3b["chi2"], rel=1e-10)
 
 
 def test_bootstrap_and_t():
