@@ -9,13 +9,12 @@ Measured in ONE process holding a ``loss_type="gtpo"`` and a ``loss_type="grpo"`
 (same model, batch and settings as ``bench/trainer_vs_trl.py``), whose steps alternate in ABBA
 order, ``--warmup`` + ``--steps`` steps each:
 
-* GTPO-only work: ``conflict_weights`` and ``conflict_runs`` (the trainer's calls), the two
-  elementwise lines of the step that use their results, the entropy filter and gamma shift of the
-  advantages (the trainer's ``effective_advantages``), and the GTPO loss minus the GRPO loss
-  (the trainer's ``loss_fn``, forward + backward). The trainer's calls are wrapped to record their arguments;
-  after the steps, the last step's calls are replayed on their own tensors ``--replays`` times in
-  alternation and the medians taken (short calls, robust to the bursts of load that hit whole
-  steps; the in-step medians are printed too). Plus the entropy: it comes out of the same chunked
+* GTPO-only work: the conflict inputs (:func:`gtpo.method.group_inputs`: weights, counts and runs),
+  the conflict fraction, the entropy filter and gamma shift of the advantages
+  (:func:`gtpo.method.effective_advantages`), and the GTPO loss minus the GRPO loss (the trainers'
+  ``loss_fn``, forward + backward). After the steps, these calls are replayed on the last GTPO step's
+  batch (``trainer.last_batch``) ``--replays`` times in alternation and the medians taken (short calls,
+  robust to the bursts of load that hit whole steps); nothing is patched. Plus the entropy: it comes out of the same chunked
   LM-head pass as the log-probs in both modes (GRPO logs it too), and its marginal cost is the
   two extra passes the kernel makes over the ``(N*T, V)`` chunk logits for it (``e * s`` and the
   row sum), timed on tensors of the step's size;
@@ -46,69 +45,60 @@ GOAL = 0.03
 def worker(spec: dict) -> dict:
     import torch
 
-    import gtpo.trainer as gt
+    from gtpo import method
+    from gtpo.advantages import group_advantages
+    from gtpo.losses import LossExtras
 
     common.set_threads(spec["threads"])
     path = common.bench_model(spec)
     tmp = common.scratch_dir()
     trainers = {lt: common.ours_trainer(path, spec, lt, os.path.join(tmp, lt))
                 for lt in ("gtpo", "grpo")}
-    current = {"name": None}
-    in_step: dict[str, dict[str, list[float]]] = {lt: {} for lt in trainers}
-    calls: dict[tuple[str, str], tuple] = {}  # (trainer, function) -> (args, kwargs, output) of the last call
-
-    def timed(name, fn):
-        def wrapper(*a, **kw):
-            t0 = time.perf_counter()
-            out = fn(*a, **kw)
-            in_step[current["name"]].setdefault(name, []).append(time.perf_counter() - t0)
-            calls[current["name"], name] = (a, kw, out)
-            return out
-        return wrapper
-
-    raw = {"conflict_weights": gt.conflict_weights, "conflict_runs": gt.conflict_runs}
-    gt.conflict_weights = timed("conflict_weights", gt.conflict_weights)
-    gt.conflict_runs = timed("conflict_runs", gt.conflict_runs)
-    raw_loss = {lt: t.loss_fn for lt, t in trainers.items()}
-    raw_shape = {lt: t.effective_advantages for lt, t in trainers.items()}
-    for lt, t in trainers.items():  # the trainer's own calls (instance attributes)
-        t.loss_fn = timed("policy_loss", t.loss_fn)
-        t.effective_advantages = timed("entropy_control", t.effective_advantages)
 
     step_times = {lt: [] for lt in trainers}
     step_cpu = {lt: [] for lt in trainers}
     order = ("gtpo", "grpo")
     for r in range(spec["warmup"] + spec["steps"]):
         for lt in (order if r % 2 == 0 else order[::-1]):
-            current["name"] = lt
             with common.Timer(step_times[lt], step_cpu[lt]):
                 trainers[lt].step()
 
-    # Replay the GTPO-only work of the last steps on their own tensors, many times, alternating:
-    # medians of short calls are robust to the bursts of load that hit whole steps.
-    (cw_args, cw_kw, (weights, _)) = calls["gtpo", "conflict_weights"]
-    (cr_args, cr_kw, (pre, suf)) = calls["gtpo", "conflict_runs"]
-    maskf = cw_args[1].float()
+    # Replay the GTPO-only work on the last GTPO step's batch (public API: the trainer's last batch and the
+    # method module every engine calls), many times, alternating: medians of short calls are robust to the
+    # bursts of load that hit whole steps.
+    trainer = trainers["gtpo"]
+    cfg, rollout = trainer.args, trainer.last_batch.rollout
+    adv = group_advantages(trainer.last_batch.rewards.float(), cfg.group_size, scale=cfg.resolved_scale_rewards)
+    maskf = method.loss_mask(rollout.completion_mask, rollout.truncated,
+                             mask_truncated_completions=cfg.mask_truncated_completions)
+    group = method.group_inputs(rollout.completion_ids, maskf, adv, cfg)
+    with torch.no_grad():
+        logp0, ent = trainer.forward(rollout, slice(None), maskf)
+    seq_entropy = method.completion_entropy(ent, maskf)
+    n = maskf.shape[0]
+    extras = LossExtras(token_weights=group.token_weights, n_conflict=group.n_conflict, num_sequences=n,
+                        num_tokens=int(maskf.sum()))
+    configs = {lt: t.args for lt, t in trainers.items()}
+    eff = method.effective_advantages(adv, seq_entropy, cfg, shift_mask=group.shift_mask,
+                                      sign_rows=group.sign_mask).advantages
 
     def loss_call(lt):
-        args, kw, _ = calls[lt, "policy_loss"]
-        logp = args[0].detach().clone().requires_grad_(True)  # a fresh leaf: forward + backward of the loss
-        return lambda: raw_loss[lt](logp, *args[1:], **kw).loss.backward()
-
-    shape_args, shape_kw, _ = calls["gtpo", "entropy_control"]
+        logp = logp0.detach().clone().requires_grad_(True)  # a fresh leaf: forward + backward of the loss
+        ex = extras if lt == "gtpo" else LossExtras(num_sequences=n, num_tokens=extras.num_tokens)
+        return lambda: trainers[lt].loss_fn(logp, None, eff if lt == "gtpo" else adv, maskf, ex,
+                                            configs[lt]).loss.backward()
 
     replay = {
-        "conflict_weights": lambda: raw["conflict_weights"](*cw_args, **cw_kw),
-        "conflict_runs (conflict_frac metric)": lambda: raw["conflict_runs"](*cr_args, **cr_kw),
-        "weights * mask, conflict_frac": lambda: (weights * maskf, ((pre | suf).float() * maskf).sum()
-                                                  / maskf.sum().clamp(min=1)),
-        "entropy filter + gamma shift": lambda: raw_shape["gtpo"](*shape_args, **shape_kw),
+        "conflict inputs (weights, counts, runs)": lambda: method.group_inputs(rollout.completion_ids, maskf, adv, cfg),
+        "conflict_frac": lambda: method.conflict_stats(group, maskf),
+        "entropy filter + gamma shift": lambda: method.effective_advantages(
+            adv, seq_entropy, cfg, shift_mask=group.shift_mask, sign_rows=group.sign_mask),
         "gtpo loss (fwd+bwd)": loss_call("gtpo"),
         "grpo loss (fwd+bwd)": loss_call("grpo"),
     }
     # the entropy's marginal cost inside the chunked kernel: e * s and its row sum over (N*T, V)
     n_rows = spec["P"] * spec["G"] * spec["length"]
-    vocab = trainers["gtpo"].unwrapped_model.config.vocab_size
+    vocab = trainer.unwrapped_model.config.vocab_size
     chunk = min(n_rows, max(1, (64 * 2**20) // (4 * vocab)))  # the kernel's default chunk rows
     e, z = torch.rand(chunk, vocab), torch.rand(chunk, vocab)
 
@@ -124,7 +114,7 @@ def worker(spec: dict) -> dict:
             t0 = time.perf_counter()
             replay[name]()
             replay_times[name].append(time.perf_counter() - t0)
-    return {"steps": step_times, "cpu": step_cpu, "in_step": in_step, "replay": replay_times,
+    return {"steps": step_times, "cpu": step_cpu, "replay": replay_times,
             "vocab": vocab, "params": common.n_params(path)}
 
 
@@ -151,24 +141,20 @@ def main(argv=None) -> int:
     for lt, v in res["steps"].items():
         print(f"  {lt} step times (s): " + " ".join(f"{x:.2f}" for x in v))
     rep = {k: common.median(v) for k, v in res["replay"].items()}
-    in_step = {k: common.median(v[w:]) for k, v in res["in_step"]["gtpo"].items()}
     comp = {
-        "conflict_weights": (rep["conflict_weights"], in_step["conflict_weights"]),
-        "conflict_runs (conflict_frac metric)": (rep["conflict_runs (conflict_frac metric)"], in_step["conflict_runs"]),
-        "weights * mask, conflict_frac": (rep["weights * mask, conflict_frac"], None),
-        "entropy filter + gamma shift": (rep["entropy filter + gamma shift"], in_step.get("entropy_control")),
+        "conflict inputs (weights, counts, runs)": rep["conflict inputs (weights, counts, runs)"],
+        "conflict_frac": rep["conflict_frac"],
+        "entropy filter + gamma shift": rep["entropy filter + gamma shift"],
         "GTPO loss - GRPO loss (lambda weights, reduction; fwd+bwd)":  # median of the paired differences
-            (common.median(a - b for a, b in zip(res["replay"]["gtpo loss (fwd+bwd)"],
-                                                 res["replay"]["grpo loss (fwd+bwd)"])), None),
-        "entropy in the LM-head kernel": (rep["entropy in the LM-head kernel"], None),
+            common.median(a - b for a, b in zip(res["replay"]["gtpo loss (fwd+bwd)"],
+                                                res["replay"]["grpo loss (fwd+bwd)"])),
+        "entropy in the LM-head kernel": rep["entropy in the LM-head kernel"],
     }
-    total = sum(v for v, _ in comp.values())
+    total = sum(comp.values())
     fastest = min(res["steps"]["gtpo"][w:])
-    rows = [[k, f"{v * 1e3:.2f}", "" if s_ is None else f"{s_ * 1e3:.2f}", f"{100 * v / fastest:.3f}"]
-            for k, (v, s_) in comp.items()]
-    rows.append(["total GTPO-only work", f"{total * 1e3:.2f}", "", f"{100 * total / fastest:.3f}"])
-    print(common.table(["GTPO-only work per step", "replayed median ms", "in-step median ms",
-                        "% of fastest GTPO step"], rows))
+    rows = [[k, f"{v * 1e3:.2f}", f"{100 * v / fastest:.3f}"] for k, v in comp.items()]
+    rows.append(["total GTPO-only work", f"{total * 1e3:.2f}", f"{100 * total / fastest:.3f}"])
+    print(common.table(["GTPO-only work per step", "replayed median ms", "% of fastest GTPO step"], rows))
     print(f"  (loss fwd+bwd replayed: gtpo {rep['gtpo loss (fwd+bwd)'] * 1e3:.2f} ms, grpo "
           f"{rep['grpo loss (fwd+bwd)'] * 1e3:.2f} ms; {args.replays} replays each)")
     overhead = total / fastest

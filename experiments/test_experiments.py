@@ -123,7 +123,7 @@ def test_grpo_filter_gamma_is_grpo_without_filter_and_gamma():
     import torch
 
     from gtpo.config import GTPOConfig
-    from gtpo.losses import policy_loss
+    from gtpo.losses import POLICY_LOSSES, LossExtras
 
     torch.manual_seed(0)
     n, t = 16, 12
@@ -135,10 +135,10 @@ def test_grpo_filter_gamma_is_grpo_without_filter_and_gamma():
     over.pop("preset")
     cfg = GTPOConfig.from_preset("official", **over, entropy_filter=False, gamma=0.0)
     assert not cfg.entropy_control  # no filter, no shift: the advantages reach the loss unshaped
-    a = policy_loss("gtpo", logp, mask, adv, token_weights=torch.ones(n, t), n_conflict=torch.zeros(n),
-                    num_sequences=n, **cfg.loss_kwargs())
-    b = policy_loss("grpo", logp, mask, adv, num_sequences=n, num_tokens=int(mask.sum()),
-                    **GTPOConfig.from_preset("grpo").loss_kwargs())
+    a = POLICY_LOSSES["gtpo"](logp, None, adv, mask, LossExtras(token_weights=torch.ones(n, t),
+                              n_conflict=torch.zeros(n), num_sequences=n), cfg)
+    b = POLICY_LOSSES["grpo"](logp, None, adv, mask, LossExtras(num_sequences=n, num_tokens=int(mask.sum())),
+                              GTPOConfig.from_preset("grpo"))
     ga, = torch.autograd.grad(a.loss, logp)
     gb, = torch.autograd.grad(b.loss, logp)
     torch.testing.assert_close(a.loss.detach(), b.loss.detach(), rtol=0, atol=1e-6)

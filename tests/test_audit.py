@@ -192,17 +192,18 @@ def _spy_update(trainer, monkeypatch):
     """Record the keyword arguments of every loss call and the completion entropies every call of
     the advantage shaping got (``seq_entropy``), one dict per micro-batch and pass."""
     calls = []
-    loss_fn, shape = trainer.loss_fn, trainer.effective_advantages
+    loss_fn, shape = trainer.loss_fn, trainer._effective_advantages
 
     def spy_shape(advantages, seq_entropy, inputs, index):
         calls.append({"seq_entropy": seq_entropy.detach().clone()})
         return shape(advantages, seq_entropy, inputs, index)
 
-    def spy_loss(*args, **kwargs):
-        calls[-1].update({k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in kwargs.items()})
-        return loss_fn(*args, **kwargs)
+    def spy_loss(logp, old_logp, advantages, mask, extras, config):
+        given = {"old_logp": old_logp, **extras._asdict()}
+        calls[-1].update({k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in given.items()})
+        return loss_fn(logp, old_logp, advantages, mask, extras, config)
 
-    monkeypatch.setattr(trainer, "effective_advantages", spy_shape)
+    monkeypatch.setattr(trainer, "_effective_advantages", spy_shape)
     monkeypatch.setattr(trainer, "loss_fn", spy_loss)
     return calls
 

@@ -17,13 +17,21 @@ from hypothesis import strategies as st
 from gtpo.advantages import entropy_control, group_advantages, shape_advantages
 from gtpo.config import LOSS_TYPES
 from gtpo.conflict import conflict_weights
-from gtpo.losses import LossOutput
-from gtpo.losses import policy_loss as _loss_only
+from gtpo.config import GTPOConfig
+from gtpo.losses import POLICY_LOSSES, LossExtras, LossOutput, dapo_loss, dr_grpo_loss, grpo_loss, gtpo_loss
 from reference_impl import ref_policy_loss, reference_code_gtpo_loss
 
 F64 = torch.float64
 SHAPING = {"entropy_threshold": "threshold", "gamma": "gamma", "filter_scope": "scope",
            "initial_entropy": "initial_entropy"}
+
+
+KEYWORD_LOSSES = {"gtpo": gtpo_loss, "grpo": grpo_loss, "dr_grpo": dr_grpo_loss, "dapo": dapo_loss}
+
+
+def _loss_only(loss_type, logp, mask, adv, **kw):
+    """The keyword function (the maths) of ``loss_type``."""
+    return KEYWORD_LOSSES[loss_type](logp, mask, adv, **kw)
 
 
 def policy_loss(loss_type, logp, mask, adv, **kw):
@@ -426,16 +434,12 @@ def test_errors_name_the_argument():
     logp, mask, adv, old, ref, ent, ids = _random_batch(0)
     weights, n = conflict_weights(ids, mask, adv, 4)
     cases = [
-        ("loss_type", dict(loss_type="ppo")),
         ("max_completion_length", dict(loss_type="dr_grpo")),
         ("ref_logp", dict(beta=0.1)),
         ("old_logp", dict(old_logp=old[:, :3])),
         ("advantages", dict(advantages=adv[:5])),
         ("completion_mask", dict(completion_mask=mask[:, :2])),
         ("token_weights", dict(token_weights=weights[:, :2])),
-        ("beta", dict(loss_type="gtpo", beta=0.1, group_size=4)),  # GTPO has no KL term
-        ("aggregation", dict(loss_type="gtpo", aggregation="token_mean", group_size=4)),
-        ("seq_entropy", dict(loss_type="gtpo", seq_entropy=ent, group_size=4)),  # shaping is not the loss's job
         ("group_size", dict(loss_type="gtpo")),
         ("group_size", dict(loss_type="gtpo", group_size=3)),
         ("n_conflict", dict(loss_type="gtpo", token_weights=weights, group_size=4)),
@@ -451,3 +455,56 @@ def test_errors_name_the_argument():
             _loss_only(loss_type, lp, cm, ad, **args)
     # gtpo without conflict weights needs nothing but its group size
     _loss_only("gtpo", logp, mask, adv, group_size=4)
+
+
+# ---------------------------------------------------------------------------
+# the registry: one signature for every loss
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("off_policy", [False, True])
+def test_registry_is_the_keyword_loss_with_the_configs_values(loss_type, off_policy):
+    """``POLICY_LOSSES[t](logp, old_logp, advantages, mask, extras, config)`` is the keyword function of ``t``
+    with the config's hyperparameters and the extras' tensors: the same loss, gradient and metrics, bitwise."""
+    logp, mask, adv, old, ref, ent, ids = _random_batch(21, off_policy=off_policy)
+    weights, n = conflict_weights(ids, mask, adv, 4)
+    is_w = torch.rand(mask.shape, dtype=F64, generator=torch.Generator().manual_seed(3)) + 0.5
+    old_logp = old if off_policy else None
+    if loss_type == "gtpo":
+        cfg = GTPOConfig(loss_type="gtpo", group_size=4, epsilon=0.1, epsilon_high=0.3, completion_reduction="mean",
+                         divide_by_conflict_count=True)
+        want = gtpo_loss(logp, mask, adv, token_weights=weights, n_conflict=n, old_logp=old_logp, eps_low=0.1,
+                         eps_high=0.3, divide_by_conflict_count=True, completion_reduction="mean", group_size=4,
+                         num_sequences=16, is_weights=is_w)
+    else:
+        cfg = GTPOConfig(loss_type=loss_type, group_size=4, epsilon=0.1, epsilon_high=0.3, beta=0.04,
+                         max_completion_length=7)
+        want = KEYWORD_LOSSES[loss_type](logp, mask, adv, old_logp=old_logp, ref_logp=ref, beta=0.04, eps_low=0.1,
+                                         eps_high=0.3, max_completion_length=7, num_sequences=16, num_tokens=40,
+                                         token_weights=weights, is_weights=is_w)
+    extras = LossExtras(token_weights=weights, n_conflict=n, ref_logp=ref, is_weights=is_w, num_sequences=16,
+                        num_tokens=40)
+    out = POLICY_LOSSES[loss_type](logp, old_logp, adv, mask, extras, cfg)
+    (grad,) = torch.autograd.grad(out.loss, [logp])
+    (want_grad,) = torch.autograd.grad(want.loss, [logp])
+    torch.testing.assert_close(out.loss, want.loss, rtol=0, atol=0)
+    torch.testing.assert_close(grad, want_grad, rtol=0, atol=0)
+    assert out.metrics.keys() == want.metrics.keys()
+    for key in want.metrics:
+        torch.testing.assert_close(out.metrics[key], want.metrics[key], rtol=0, atol=0)
+
+
+def test_registry_gtpo_without_counts_does_not_divide():
+    # conflict masks off but other per-token weights (TRL's top-entropy mask): no counts, no division
+    logp, mask, adv, old, ref, ent, ids = _random_batch(4)
+    w = torch.rand(mask.shape, dtype=F64, generator=torch.Generator().manual_seed(1))
+    cfg = GTPOConfig(loss_type="gtpo", group_size=4)
+    out = POLICY_LOSSES["gtpo"](logp, None, adv, mask, LossExtras(token_weights=w), cfg)
+    want = gtpo_loss(logp, mask, adv, token_weights=w, divide_by_conflict_count=False, group_size=4)
+    torch.testing.assert_close(out.loss, want.loss, rtol=0, atol=0)
+
+
+def test_registry_holds_every_loss_type_and_a_bad_one_is_a_config_error():
+    assert set(POLICY_LOSSES) == set(LOSS_TYPES)
+    with pytest.raises(ValueError, match="loss_type"):
+        GTPOConfig(loss_type="ppo")

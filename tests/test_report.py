@@ -22,6 +22,7 @@ from gtpo.cli import add_report_arguments, report_main
 from gtpo.report import (
     _load_runs,
     _moving_average,
+    _plot_keys,
     _plot_entropy,
     _plot_reward_band,
     _run_stats,
@@ -64,6 +65,8 @@ ENTROPY = [0.5, 0.6, 0.7, 0.9, 0.8, 0.6, 0.5, 0.5, 0.5, 0.5,
 
 
 def _gtpo_records():
+    """A GTPO run written with the metric names of earlier versions (reward/mean, entropy/mean, ...): read as
+    the current (TRL's) names."""
     recs = []
     for step in range(1, 21):
         recs.append({
@@ -95,14 +98,14 @@ def _gtpo_records():
 
 
 def _grpo_records():
-    """A GRPO run: no gtpo/* and no probe/* keys, entropy drifting above ln 2."""
+    """A GRPO run (current metric names): no gtpo/* metrics but tokens/s, no probe/*, entropy drifting above ln 2."""
     recs = []
     for step in range(1, 16):
         recs.append({
-            "step": step, "loss": -0.01 * step, "reward/mean": 0.05 * step, "reward/std": 0.3,
-            "entropy/mean": 0.5 + 0.03 * step, "grad_norm": 2.0, "lr": 1e-6,
-            "completion_length/mean": 60.0, "completion_length/max": 128, "clipfrac": 0.0,
-            "step_time_s": 2.0, "tokens_per_s": 50.0,
+            "step": step, "loss": -0.01 * step, "reward": 0.05 * step, "reward_std": 0.3,
+            "entropy": 0.5 + 0.03 * step, "grad_norm": 2.0, "learning_rate": 1e-6,
+            "completions/mean_length": 60.0, "completions/max_length": 128, "clip_ratio/region_mean": 0.0,
+            "step_time": 2.0, "gtpo/tokens_per_s": 50.0,
         })
     recs.append({"step": 15, "eval/pass@1": 0.2})
     return recs
@@ -116,7 +119,7 @@ def two_runs(tmp_path_factory):
                           summary={"accuracy_before": 0.1, "accuracy_after": 0.42},
                           tail='{"step": 21, "loss": 0.2')  # killed mid-line
     grpo_dir = _write_run(base / "run_grpo", _grpo_records(),
-                          config={"loss_type": "grpo", "model": "tiny"})
+                          config={"loss_type": "grpo", "model": "tiny", "entropy_threshold": 0.7})
     return gtpo_dir, grpo_dir
 
 
@@ -245,16 +248,17 @@ def test_plot_entropy_draws_both_runs_ln2_and_threshold(two_runs):
     for run in runs:
         line = by_label[run.label]
         assert line.get_color() == run.color
-        steps, values = run.series("entropy/mean")
+        steps, values = run.series("entropy")
+        assert steps.size
         np.testing.assert_array_equal(line.get_xdata(), steps)
         np.testing.assert_array_equal(line.get_ydata(), values)
     # ln 2 = 0.6931..., dashed, horizontal
     ln2 = by_label["ln 2"]
     assert ln2.get_linestyle() == "--"
     np.testing.assert_allclose(ln2.get_ydata(), [math.log(2)] * 2, rtol=0, atol=1e-15)
-    # entropy_threshold 0.7 from the GTPO run's config only (the GRPO config has none)
+    # entropy_threshold 0.7 of the GTPO run only: the GRPO run's config has one too, but GRPO does not filter
     thr = [ln for ln in lines if "threshold" in ln.get_label()]
-    assert len(thr) == 1 and thr[0].get_label() == "gtpo run_gtpo: threshold 0.7"
+    assert len(thr) == 1 and thr[0].get_label() == "gtpo run_gtpo: filter threshold 0.7"
     np.testing.assert_allclose(thr[0].get_ydata(), [0.7, 0.7], rtol=0, atol=1e-15)
     assert thr[0].get_color() == "C0"
 
@@ -281,6 +285,84 @@ def test_reward_band_overlays_runs_with_std_band(two_runs):
     verts = ax.collections[0].get_paths()[0].vertices
     at_step1 = verts[np.isclose(verts[:, 0], 1.0)][:, 1]
     np.testing.assert_allclose(sorted(set(np.round(at_step1, 12))), [-0.1, 0.3], atol=1e-12)
+
+
+def test_plot_entropy_threshold_only_where_the_filter_was_on(tmp_path):
+    recs = [{"step": s, "entropy": 1.5, "gtpo/initial_entropy": 1.8} for s in (1, 2)]
+    configs = {
+        "grpo_filter": {"loss_type": "grpo", "entropy_filter": True, "entropy_threshold": 1.05},  # drawn
+        "gtpo_off": {"loss_type": "gtpo", "entropy_filter": False, "entropy_threshold": 0.7},
+        "paper_inactive": {"loss_type": "gtpo", "entropy_rule": "initial", "entropy_threshold": 0.6931},
+        "paper_active": {"loss_type": "gtpo", "entropy_rule": "initial", "entropy_threshold": 2.0},  # 1.8 <= 2
+        "no_config": None,
+    }
+    runs = _load_runs([_write_run(tmp_path / name, recs, config=cfg) for name, cfg in configs.items()],
+                      labels=list(configs))
+    lines = _plot_entropy(_axes(), runs)
+    assert sorted(ln.get_label() for ln in lines if "threshold" in ln.get_label()) == [
+        "grpo_filter: filter threshold 1.05", "paper_active: filter threshold 2"]
+
+
+def test_identical_runs_stay_visible_and_say_so(tmp_path):
+    recs = [{"step": s, "reward": 0.1 * s, "reward_std": 0.1, "entropy": 0.5} for s in (1, 2, 3)]
+    dirs = [_write_run(tmp_path / n, recs) for n in ("a", "b")]
+    dirs.append(_write_run(tmp_path / "c", [{**r, "entropy": 0.6} for r in recs]))
+    runs = _load_runs(dirs)
+    ax = _axes()
+    lines = _plot_keys(ax, runs, ["entropy"])
+    assert [ln.get_label() for ln in lines] == ["a", "b (same values as a)", "c"]
+    assert lines[0].get_linestyle() == "-" and lines[1].get_linestyle() == "--" and lines[2].get_linestyle() == "-"
+    assert ax.lines.index(lines[1]) > ax.lines.index(lines[0])  # the dashed twin on top: both colours show
+    band = _plot_reward_band(_axes(), runs)
+    assert [ln.get_label() for ln in band] == ["a", "b (same values as a)", "c (same values as a)"]
+
+
+def _four_runs(tmp_path):
+    dirs = []
+    for i in range(4):
+        recs = [{"step": s, "reward": 0.1 * s + i, "entropy": 0.5 + 0.1 * i + 0.01 * s} for s in range(1, 11)]
+        recs += [{"step": s, "eval/pass@1": 0.1 * i + 0.01 * s} for s in (2, 4)]
+        dirs.append(_write_run(tmp_path / f"run{i}", recs, config={"loss_type": "gtpo", "entropy_threshold": 0.7}))
+    return _load_runs(dirs)
+
+
+def test_legends_never_cover_the_curves_with_four_runs(tmp_path):
+    runs = _four_runs(tmp_path)
+    for name, title, panels in report._figures(runs):
+        fig = report._draw_figure(runs, panels, title, smooth=None)
+        if fig is None:
+            continue
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        for ax in fig.axes:
+            legend = ax.get_legend()
+            if legend is None or len(legend.get_texts()) <= report._LEGEND_INSIDE_MAX:
+                continue
+            box, area = legend.get_window_extent(renderer), ax.get_window_extent(renderer)
+            assert box.x0 >= area.x1, (name, ax.get_title())  # beside the axes, not over them
+            for other in fig.axes:  # and over no other panel
+                if other is not ax:
+                    assert not box.overlaps(other.get_window_extent(renderer)), (name, ax.get_title())
+
+
+def test_step_axes_tick_at_whole_steps(tmp_path):
+    runs = _four_runs(tmp_path)
+    panels = [p for _, _, ps in report._figures(runs) for p in ps if p["keys"] == ["eval/pass@1"]]
+    fig = report._draw_figure(runs, panels[:1], "eval", smooth=None)
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_old_metric_names_read_as_current(tmp_path):
+    run = _write_run(tmp_path, [{"step": 1, "reward/mean": 0.5, "reward/correct/mean": 1.0, "lr": 1e-6,
+                                 "truncated_frac": 0.25, "no_signal/filtered": 2, "reward": 0.7,
+                                 "gtpo/conflict_frac": 0.1, "eval/pass@1": 0.3}])
+    # a line holding both names keeps the current one (reward 0.7)
+    assert _load_runs([run])[0].records == [{"step": 1, "rewards/correct/mean": 1.0, "learning_rate": 1e-6,
+                                  "completions/clipped_ratio": 0.25, "gtpo/no_signal/filtered": 2, "reward": 0.7,
+                                  "gtpo/conflict_frac": 0.1, "eval/pass@1": 0.3}]
 
 
 # ------------------------------------------------------------------------------------ figures
@@ -332,7 +414,7 @@ def test_plotting_leaves_global_backend_alone(tmp_path):
     import matplotlib
 
     before = matplotlib.get_backend()
-    run = _write_run(tmp_path / "r", [{"step": 1, "lr": 1e-6}, {"step": 2, "lr": 1e-6}])
+    run = _write_run(tmp_path / "r", [{"step": 1, "learning_rate": 1e-6}, {"step": 2, "learning_rate": 1e-6}])
     plot_run([run], str(tmp_path / "out"))
     assert matplotlib.get_backend() == before
 
@@ -371,11 +453,11 @@ def test_summarize_markdown_table(two_runs):
     md = summarize(list(two_runs), labels=["GTPO", "GR|PO"])
     assert "| metric | GTPO | GR\\|PO |" in md  # pipes in labels escaped
     for row in ["| steps logged | 20 | 15 |",
-                "| reward/mean, first step | 0.1 | 0.05 |",
-                "| reward/mean, mean of last 10 % | 1.95 | 0.725 |",
-                "| entropy/mean, start | 0.5 | 0.53 |",
-                "| entropy/mean, end | 0.4 | 0.95 |",
-                "| entropy/mean, max | 0.9 | 0.95 |",
+                "| reward, first step | 0.1 | 0.05 |",
+                "| reward, mean of last 10 % | 1.95 | 0.725 |",
+                "| entropy, start | 0.5 | 0.53 |",
+                "| entropy, end | 0.4 | 0.95 |",
+                "| entropy, max | 0.9 | 0.95 |",
                 "| gtpo/conflict_frac, mean | 0.2 | — |",
                 "| gtpo/filtered_frac, mean | 0.1 | — |",
                 "| step time (s), mean | 10.5 | 2 |",
@@ -389,6 +471,7 @@ def test_summarize_markdown_table(two_runs):
         assert row in md, row
     assert "## Final summary (summary.json)" in md
     assert "loss_type = gtpo, model = tiny, entropy_threshold = 0.7" in md
+    assert "loss_type = grpo, model = tiny, entropy_threshold = 0.7" in md
 
 
 def test_summarize_without_summary_json_has_no_summary_table(two_runs):

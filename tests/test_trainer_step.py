@@ -125,7 +125,7 @@ def test_effective_advantages_are_entropy_control_then_the_sign_control(tiny_mod
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 0.0, 2.0, -2.0])
     inputs = trainer.gtpo_inputs(batch.rollout, adv)
     ent = torch.tensor([0.1, 0.2, 0.9, 0.3, 0.4, 0.6, 0.2, 0.8])
-    eff, dropped, metrics = trainer.effective_advantages(adv[2:6], ent[2:6], inputs, slice(2, 6))
+    eff, dropped, metrics = trainer._effective_advantages(adv[2:6], ent[2:6], inputs, slice(2, 6))
     shaped, keep = entropy_control(adv, ent, threshold=0.5, gamma=0.2)
     want = torch.where(adv < 0, shaped, torch.zeros(()))[2:6]
     torch.testing.assert_close(eff, want)

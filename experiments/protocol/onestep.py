@@ -172,7 +172,7 @@ def measure(trainer, roll, mask, old_logp, rewards, adv_signs, prefix, suffix, b
     import torch
 
     with torch.no_grad():
-        new_logp, _ = trainer._forward(roll, slice(None), mask)
+        new_logp, _ = trainer.forward(roll, slice(None), mask)
     m = mask.bool()
     d = torch.where(m, new_logp - old_logp, torch.zeros_like(new_logp)).double()
     pos, neg = adv_signs > 0, adv_signs < 0
@@ -291,7 +291,7 @@ def run(model_name: str, state: str, variant: str, n_groups: int, seed: int, out
         adv_none = group_advantages(rewards, g, scale="none")
         prefix, suffix = conflict_runs(roll.completion_ids, mask, adv_none, g)
         with torch.no_grad():
-            old_logp, old_ent = trainer._forward(roll, slice(None), mask)
+            old_logp, old_ent = trainer.forward(roll, slice(None), mask)
         rec = {"model": model_name, "state": state, "state_fingerprint": fingerprint, "variant": variant,
                "seed": seed, "try": tries, "row": row,
                "varying": is_varying, "rewards": rewards.tolist(), "lengths": roll.completion_mask.sum(1).tolist(),

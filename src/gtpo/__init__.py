@@ -1,8 +1,10 @@
 """gtpo: GTPO (Simoni et al., TACL 2026, arXiv 2508.03772) for Hugging Face causal LMs.
 
 The maths lives in pure tensor functions (``gtpo.advantages``, ``gtpo.conflict``,
-``gtpo.losses``, ``gtpo.ops``); the trainer (``gtpo.trainer``) and the CLI (``gtpo.cli``)
-orchestrate them. Public names are imported lazily so that ``import gtpo`` stays cheap and
+``gtpo.losses``, ``gtpo.ops``); ``gtpo.method`` composes them into GTPO once, for every engine (gtpo's
+trainer ``gtpo.trainer``, TRL's ``gtpo.integrations.trl``, verl's ``gtpo.integrations.verl``); the
+application layer ``gtpo.app`` builds and runs a training job from a spec, and the CLI (``gtpo.cli``) only
+parses arguments for it. Public names are imported lazily so that ``import gtpo`` stays cheap and
 the maths modules never pull in ``transformers``.
 """
 
@@ -22,11 +24,15 @@ _EXPORTS = {
     "masked_mean": "gtpo.ops",
     "masked_sum": "gtpo.ops",
     "aggregate": "gtpo.ops",
-    "policy_loss": "gtpo.losses",
+    "POLICY_LOSSES": "gtpo.losses",
+    "LossExtras": "gtpo.losses",
     "gtpo_loss": "gtpo.losses",
     "grpo_loss": "gtpo.losses",
     "LossOutput": "gtpo.losses",
     "LOSS_TYPES": "gtpo.config",
+    # the GTPO composition every engine calls
+    "group_inputs": "gtpo.method",
+    "effective_advantages": "gtpo.method",
     # configuration and training
     "GTPOConfig": "gtpo.config",
     "GTPOTrainer": "gtpo.trainer",

@@ -694,18 +694,6 @@ class GTPOConfig:
         return dataclasses.replace(self, **changes)
 
     # the keyword arguments the maths functions take ------------------------------------
-    def loss_kwargs(self) -> dict[str, Any]:
-        """The config's keyword arguments of ``gtpo.losses.POLICY_LOSSES[loss_type]`` (the batch-dependent
-        ones, ``num_sequences``, ``num_tokens``, ``old_logp``, ``token_weights``, ... come from the trainer)."""
-        kw: dict[str, Any] = dict(eps_low=self.epsilon, eps_high=self.resolved_epsilon_high)
-        if self.loss_type == "gtpo":
-            kw.update(divide_by_conflict_count=self.divide_by_conflict_count,
-                      completion_reduction=self.completion_reduction, group_size=self.group_size)
-        else:
-            kw.update(beta=self.beta, aggregation=self.loss_aggregation or DEFAULT_AGGREGATION[self.loss_type],
-                      max_completion_length=self.max_completion_length)
-        return kw
-
     def shaping_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of :func:`gtpo.advantages.shape_advantages` (``initial_entropy`` and the
         per-row masks come from the trainer)."""

@@ -40,22 +40,20 @@ Metrics are detached 0-dim tensors averaged over THIS micro-batch (the trainer a
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
 
-from .config import DEFAULT_AGGREGATION, LOSS_TYPES, VLLM_IS_MODES
+from .config import DEFAULT_AGGREGATION, LOSS_TYPES, VLLM_IS_MODES, GTPOConfig
 from .ops import _check_shape, _check_tensor, aggregate, masked_mean
 
 #: ``mode`` of :func:`sampler_importance_weights` (TRL's ``vllm_importance_sampling_mode`` values)
 IS_MODES = VLLM_IS_MODES
 
-__all__ = ["IS_MODES", "LOSS_TYPES", "LossOutput", "POLICY_LOSSES", "dapo_loss", "dr_grpo_loss", "gtpo_loss",
-           "grpo_loss", "policy_loss", "sampler_importance_weights"]
+__all__ = ["IS_MODES", "LOSS_TYPES", "LossExtras", "LossOutput", "POLICY_LOSSES", "dapo_loss", "dr_grpo_loss",
+           "gtpo_loss", "grpo_loss", "sampler_importance_weights"]
 
 
 class LossOutput(NamedTuple):
@@ -325,26 +323,59 @@ def gtpo_loss(
     return LossOutput(loss, metrics)
 
 
-#: loss_type -> loss function (verl's registry style): each takes ``(logp, completion_mask,
-#: advantages)`` and only its own keyword arguments (:meth:`gtpo.GTPOConfig.loss_kwargs` gives them).
+class LossExtras(NamedTuple):
+    """The optional per-call inputs of every policy loss (:data:`POLICY_LOSSES`); a loss reads what it uses.
+
+    ``token_weights (N, T)``: per-token weights (GTPO's conflict weights lambda; on a baseline the "conflict masks
+    only" ablation); ``n_conflict (N,)``: GTPO's conflict counts (read by ``gtpo`` only); ``ref_logp (N, T)``: the
+    reference model's log-probs (``beta > 0``; baselines only); ``is_weights (N, T)``: detached importance weights
+    of the sampler mismatch (:func:`sampler_importance_weights`); ``num_sequences`` / ``num_tokens``: the GLOBAL
+    numbers of completions and loss tokens of the rollout batch, so that micro-batch losses sum to the full-batch
+    loss (default: this call's)."""
+
+    token_weights: Tensor | None = None
+    n_conflict: Tensor | None = None
+    ref_logp: Tensor | None = None
+    is_weights: Tensor | None = None
+    num_sequences: int | None = None
+    num_tokens: int | None = None
+
+
+def _gtpo_policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tensor, completion_mask: Tensor,
+                      extras: LossExtras, config: GTPOConfig) -> LossOutput:
+    """:func:`gtpo_loss` with ``config``'s clip range, ``divide_by_conflict_count`` (when counts are given),
+    ``completion_reduction`` and ``group_size``."""
+    return gtpo_loss(
+        logp, completion_mask, advantages, token_weights=extras.token_weights, n_conflict=extras.n_conflict,
+        old_logp=old_logp, eps_low=config.epsilon, eps_high=config.resolved_epsilon_high,
+        divide_by_conflict_count=config.divide_by_conflict_count and extras.n_conflict is not None,
+        completion_reduction=config.completion_reduction, group_size=config.group_size,
+        num_sequences=extras.num_sequences, is_weights=extras.is_weights,
+    )
+
+
+def _clipped_policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tensor, completion_mask: Tensor,
+                         extras: LossExtras, config: GTPOConfig) -> LossOutput:
+    """:func:`grpo_loss` with ``config``'s clip range, KL coefficient and aggregation (``loss_aggregation``, or
+    the loss type's own: GRPO ``seq_mean_token_mean``, Dr.GRPO ``constant``, DAPO ``token_mean``)."""
+    return grpo_loss(
+        logp, completion_mask, advantages, old_logp=old_logp, ref_logp=extras.ref_logp, beta=config.beta,
+        eps_low=config.epsilon, eps_high=config.resolved_epsilon_high,
+        aggregation=config.loss_aggregation or DEFAULT_AGGREGATION[config.loss_type],
+        max_completion_length=config.max_completion_length, num_sequences=extras.num_sequences,
+        num_tokens=extras.num_tokens, token_weights=extras.token_weights, is_weights=extras.is_weights,
+    )
+
+
+#: ``loss_type`` -> policy loss, one signature for all (verl's ``register_policy_loss`` style)::
+#:
+#:     POLICY_LOSSES[config.loss_type](logp, old_logp, advantages, completion_mask, extras, config) -> LossOutput
+#:
+#: ``logp (N, T)`` with grad, ``old_logp (N, T)`` or None (on-policy: ratio value 1), ``advantages (N,)`` as they
+#: multiply the gradient (GTPO's already shaped: :func:`gtpo.method.effective_advantages`), ``completion_mask
+#: (N, T)``, :class:`LossExtras`, the :class:`gtpo.GTPOConfig` (hyperparameters). The keyword functions above
+#: (:func:`gtpo_loss`, :func:`grpo_loss`, ...) are the maths; these entries only read the config.
 POLICY_LOSSES: dict[str, Callable[..., LossOutput]] = {
-    "gtpo": gtpo_loss, "grpo": grpo_loss, "dr_grpo": dr_grpo_loss, "dapo": dapo_loss,
+    "gtpo": _gtpo_policy_loss, "grpo": _clipped_policy_loss, "dr_grpo": _clipped_policy_loss,
+    "dapo": _clipped_policy_loss,
 }
-
-
-@functools.cache
-def _accepted(loss_type: str) -> tuple[str, ...]:
-    fn = grpo_loss if loss_type in ("dr_grpo", "dapo") else POLICY_LOSSES[loss_type]
-    return tuple(p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY)
-
-
-def policy_loss(loss_type: str, logp: Tensor, completion_mask: Tensor, advantages: Tensor, **kwargs) -> LossOutput:
-    """``POLICY_LOSSES[loss_type](logp, completion_mask, advantages, **kwargs)``, with a clear error for
-    an unknown loss type or an argument that loss does not take (e.g. ``beta`` for ``"gtpo"``)."""
-    if loss_type not in POLICY_LOSSES:
-        raise ValueError(f"loss_type: expected one of {list(POLICY_LOSSES)}, got {loss_type!r}")
-    unknown = sorted(set(kwargs) - set(_accepted(loss_type)))
-    if unknown:
-        raise ValueError(f"{unknown[0]}: the {loss_type!r} loss takes no such argument; it takes "
-                         f"{', '.join(_accepted(loss_type))}")
-    return POLICY_LOSSES[loss_type](logp, completion_mask, advantages, **kwargs)

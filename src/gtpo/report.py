@@ -9,8 +9,8 @@ optionally ``run_config.json`` (the resolved config: ``loss_type``, ``model``,
 The figures are the diagnostics that explain *why* a run is (un)stable, the things GRPO users ask
 for (docs/users.md): reward with its spread, mean token entropy against the paper's ln 2 threshold
 (GTPO, Simoni et al. TACL 2026, Sec. "Entropy control"), the fraction of conflict tokens and of
-entropy-filtered completions, completion lengths and truncation, optimiser health (grad norm, lr,
-loss, clipfrac), probabilities of tracked tokens (e.g. shared format tokens) and every evaluation
+entropy-filtered completions, completion lengths and truncation, optimiser health (grad norm, learning
+rate, loss, clipped fraction), probabilities of tracked tokens (e.g. shared format tokens) and every evaluation
 metric. Several runs are overlaid in each figure (e.g. GTPO vs GRPO), one colour per run.
 
 Rendering uses matplotlib's object-oriented API with the Agg canvas (``Figure`` +
@@ -36,6 +36,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .checkpoint import atomic_write
+from .metric_names import canonical_record
 
 __all__ = [
     "load_metrics",
@@ -85,6 +86,9 @@ def _metrics_path(run_dir: str) -> str:
 def load_metrics(run_dir: str) -> list[dict]:
     """Read ``<run_dir>/metrics.jsonl`` into a list of dicts, one per line, in file order.
 
+    Records are as written; the figures and summaries read them through
+    :func:`gtpo.metric_names.canonical_record`, so a run written with the earlier metric names
+    (``reward/mean``, ``entropy/mean``, ...) is drawn like a new one.
     Blank lines are ignored. The last non-blank line is skipped when it cannot be parsed: a run
     killed while writing leaves a truncated last line, and the finished lines before it are
     still good. Any other line that is not valid JSON, or is valid JSON but not an object,
@@ -212,7 +216,7 @@ def _load_runs(run_dirs: Sequence[str], labels: Sequence[str] | None = None) -> 
             )
     runs = []
     for i, run_dir in enumerate(run_dirs):
-        records = load_metrics(run_dir)
+        records = [canonical_record(rec) for rec in load_metrics(run_dir)]
         config = _load_json_dict(os.path.join(run_dir, CONFIG_FILE))
         summary = _load_json_dict(os.path.join(run_dir, SUMMARY_FILE))
         label = labels[i] if labels is not None else _default_label(run_dir, config)
@@ -248,15 +252,37 @@ def _check_smooth(smooth: int | None) -> int | None:
     return int(smooth) if smooth > 1 else None
 
 
+#: line style of a series equal to one drawn before it in the same panel: dashes with gaps through which
+#: the earlier run's colour shows, so that neither hides the other
+_TWIN_STYLE = (0, (3, 3))
+
+
+def _twin_label(drawn: list, steps: np.ndarray, values: np.ndarray) -> str | None:
+    """The label of a series in ``drawn`` (``[(steps, values, label)]``) equal to ``(steps, values)``, or None."""
+    for s_other, v_other, label in drawn:
+        if s_other.shape == steps.shape and np.array_equal(s_other, steps) and np.array_equal(v_other, values):
+            return label
+    return None
+
+
 def _plot_series(ax, run: _Run, key: str, *, smooth: int | None, label: str,
-                 linestyle: str = "-", markers: bool = False) -> list:
+                 linestyle: str = "-", markers: bool = False, drawn: list | None = None) -> list:
     """Draw one key of one run on ``ax``; with smoothing, the raw values faint behind.
+
+    ``drawn`` (``[(steps, values, label)]``, appended to) holds the series already in the panel: a series
+    equal to one of them is drawn dashed and labelled ``"<label> (same values as <other>)"``, so that
+    identical runs do not hide each other.
 
     Returns the Line2D objects drawn (empty when the run lacks the key).
     """
     steps, values = run.series(key)
     if steps.size == 0:
         return []
+    if drawn is not None:
+        twin = _twin_label(drawn, steps, values)
+        drawn.append((steps, values, label))
+        if twin is not None:
+            label, linestyle = f"{label} (same values as {twin})", _TWIN_STYLE
     lines = []
     marker = "o" if markers or steps.size == 1 else None
     if smooth:
@@ -274,7 +300,8 @@ def _plot_series(ax, run: _Run, key: str, *, smooth: int | None, label: str,
 def _plot_keys(ax, runs: Sequence[_Run], keys: Sequence[str], *, smooth: int | None = None,
                markers: bool = False) -> list:
     """Overlay ``keys`` of every run on one axes: colour = run, line style = key."""
-    lines = []
+    lines: list = []
+    drawn: list = []
     for run in runs:
         present = [k for k in keys if run.has(k)]
         for j, key in enumerate(keys):
@@ -282,17 +309,18 @@ def _plot_keys(ax, runs: Sequence[_Run], keys: Sequence[str], *, smooth: int | N
                 continue
             label = run.label if len(keys) == 1 else f"{run.label}: {key}"
             lines += _plot_series(ax, run, key, smooth=smooth, label=label,
-                                  linestyle=_KEY_STYLES[j % len(_KEY_STYLES)], markers=markers)
+                                  linestyle=_KEY_STYLES[j % len(_KEY_STYLES)], markers=markers, drawn=drawn)
     return lines
 
 
 def _plot_reward_band(ax, runs: Sequence[_Run], *, smooth: int | None = None) -> list:
-    """reward/mean per run with a ±reward/std band (std across the completions of a batch)."""
-    lines = []
+    """reward per run with a ±reward_std band (std across the completions of a batch)."""
+    lines: list = []
+    drawn: list = []
     for run in runs:
-        lines += _plot_series(ax, run, "reward/mean", smooth=smooth, label=run.label)
-        s_mean, mean = run.series("reward/mean")
-        s_std, std = run.series("reward/std")
+        lines += _plot_series(ax, run, "reward", smooth=smooth, label=run.label, drawn=drawn)
+        s_mean, mean = run.series("reward")
+        s_std, std = run.series("reward_std")
         if s_mean.size == 0 or s_std.size == 0:
             continue
         common, i_mean, i_std = np.intersect1d(s_mean, s_std, return_indices=True)
@@ -306,22 +334,46 @@ def _plot_reward_band(ax, runs: Sequence[_Run], *, smooth: int | None = None) ->
 
 
 def _plot_entropy(ax, runs: Sequence[_Run], *, smooth: int | None = None) -> list:
-    """Mean token entropy per run, the ln 2 line and each run's configured entropy threshold.
+    """Mean token entropy per run, the ln 2 line and the entropy-filter threshold of each run that filters.
 
     ln 2 is the entropy of two equiprobable tokens, the threshold of the GTPO paper's printed
     objective; the released code uses a configurable τ (``entropy_threshold``, 0.7 by default),
-    drawn dotted in the run's colour when the run's ``run_config.json`` gives a number.
+    drawn dotted in the run's colour when the run's filter was on (:func:`_filter_threshold`):
+    a GRPO run, or a run whose ⟨H⟩_ini rule kept the filter off, draws none.
 
     Returns every Line2D drawn (run curves, the ln 2 line labelled "ln 2", threshold lines).
     """
-    lines = _plot_keys(ax, runs, ["entropy/mean"], smooth=smooth)
+    lines = _plot_keys(ax, runs, ["entropy"], smooth=smooth)
     lines.append(ax.axhline(LN2, color="0.3", linestyle="--", linewidth=1.2, label="ln 2"))
     for run in runs:
-        tau = (run.config or {}).get("entropy_threshold")
-        if _is_number(tau):
-            lines.append(ax.axhline(float(tau), color=run.color, linestyle=":", linewidth=1.4,
-                                    label=f"{run.label}: threshold {float(tau):.3g}"))
+        tau = _filter_threshold(run)
+        if tau is not None:
+            lines.append(ax.axhline(tau, color=run.color, linestyle=":", linewidth=1.4,
+                                    label=f"{run.label}: filter threshold {tau:.3g}"))
     return lines
+
+
+def _filter_threshold(run: _Run) -> float | None:
+    """The entropy threshold at which ``run`` filtered completions, or None when its filter was off.
+
+    From ``run_config.json``: ``entropy_filter`` (None: on for ``loss_type`` gtpo only, as
+    :class:`gtpo.GTPOConfig` resolves it) and ``entropy_threshold``; under ``entropy_rule: initial``
+    the filter is off when the logged ``gtpo/initial_entropy`` is above the threshold. A run
+    without a config draws no threshold.
+    """
+    cfg = run.config or {}
+    tau = cfg.get("entropy_threshold")
+    if not _is_number(tau):
+        return None
+    on = cfg.get("entropy_filter")
+    if on is None:
+        on = cfg.get("loss_type", "gtpo") == "gtpo"
+    if not on:
+        return None
+    _, h_ini = run.series("gtpo/initial_entropy")
+    if cfg.get("entropy_rule") == "initial" and h_ini.size and h_ini[-1] > tau:
+        return None
+    return float(tau)
 
 
 def _panel(title: str, ylabel: str, keys: Sequence[str], draw=None, *, markers=False,
@@ -335,7 +387,7 @@ def _panel(title: str, ylabel: str, keys: Sequence[str], draw=None, *, markers=F
 def _widen_flat_ylim(ax, *, rel_tol: float = 1e-9) -> None:
     """Give a flat panel a readable y range.
 
-    A constant metric (clipfrac 0.01 every step) comes back from float arithmetic (the trainer's,
+    A constant metric (a clipped fraction of 0.01 every step) comes back from float arithmetic (the trainer's,
     or the moving average) with ~1e-17 wiggles; matplotlib would zoom onto them and label the
     axis "1e-13+3e-1". When the data span is below ``rel_tol`` of its magnitude, centre the axis
     on the value with ±5 % of it instead (±0.05 around 0).
@@ -349,22 +401,25 @@ def _widen_flat_ylim(ax, *, rel_tol: float = 1e-9) -> None:
         ax.set_ylim(center - pad, center + pad)
 
 
-def _render_figure(runs: Sequence[_Run], panels: Sequence[dict], title: str, path: str,
-                   *, smooth: int | None) -> bool:
-    """Draw the panels that some run has data for into one PNG at ``path`` (atomically).
+def _draw_figure(runs: Sequence[_Run], panels: Sequence[dict], title: str, *, smooth: int | None):
+    """The ``Figure`` of the panels that some run has data for, or None when no run has any key of any panel.
 
-    Returns False (and writes nothing) when no run has any key of any panel.
+    Steps are whole numbers, so the x axes tick at integers only. A panel whose legend has more than
+    :data:`_LEGEND_INSIDE_MAX` entries puts it outside the axes, on the right (the constrained layout makes
+    room), so that it never covers the curves.
     """
     panels = [p for p in panels if any(run.has(k) for run in runs for k in p["keys"])]
     if not panels:
-        return False
+        return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     ncols = 1 if len(panels) == 1 else 2
     nrows = math.ceil(len(panels) / ncols)
-    fig = Figure(figsize=(6.4 * ncols, 3.8 * nrows), dpi=_DPI)
+    fig = Figure(figsize=(6.4 * ncols, 3.8 * nrows), dpi=_DPI, layout="constrained")
     FigureCanvasAgg(fig)
+    wide = False
     for i, p in enumerate(panels):
         ax = fig.add_subplot(nrows, ncols, i + 1)
         if p["draw"] is not None:
@@ -376,11 +431,33 @@ def _render_figure(runs: Sequence[_Run], panels: Sequence[dict], title: str, pat
         ax.set_xlabel("step")
         ax.set_ylabel(p["ylabel"])
         ax.grid(True, alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         _widen_flat_ylim(ax)
-        if ax.get_legend_handles_labels()[0]:
+        handles = ax.get_legend_handles_labels()[0]
+        if len(handles) > _LEGEND_INSIDE_MAX:
+            ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+            wide = True
+        elif handles:
             ax.legend(fontsize="small", loc="best")
+    if wide:  # room for the legends beside the axes
+        fig.set_figwidth(fig.get_figwidth() + 3.2 * ncols)
     fig.suptitle(title)
-    fig.tight_layout()
+    return fig
+
+
+#: legends with more entries than this go beside the axes instead of over the curves
+_LEGEND_INSIDE_MAX = 3
+
+
+def _render_figure(runs: Sequence[_Run], panels: Sequence[dict], title: str, path: str,
+                   *, smooth: int | None) -> bool:
+    """Draw the panels that some run has data for into one PNG at ``path`` (atomically).
+
+    Returns False (and writes nothing) when no run has any key of any panel.
+    """
+    fig = _draw_figure(runs, panels, title, smooth=smooth)
+    if fig is None:
+        return False
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=_DPI)
     atomic_write(path, buf.getvalue())
@@ -392,9 +469,9 @@ def _prefixed_keys(runs: Iterable[_Run], prefix: str) -> list[str]:
 
 
 def _reward_function_keys(runs: Iterable[_Run]) -> list[str]:
-    """``reward/<function name>/mean`` keys (per reward function), excluding reward/mean."""
+    """``rewards/<function name>/mean`` keys (per reward function, TRL's names)."""
     return sorted({k for run in runs for k in run.keys()
-                   if k.startswith("reward/") and k.endswith("/mean") and k.count("/") >= 2})
+                   if k.startswith("rewards/") and k.endswith("/mean") and k.count("/") >= 2})
 
 
 def _figures(runs: Sequence[_Run]) -> list[tuple[str, str, list[dict]]]:
@@ -404,14 +481,14 @@ def _figures(runs: Sequence[_Run]) -> list[tuple[str, str, list[dict]]]:
     eval_keys = _prefixed_keys(runs, "eval/")
     return [
         ("reward.png", "Reward", [
-            _panel("Reward (mean ± std over completions)", "reward", ["reward/mean"],
+            _panel("Reward (mean ± std over completions)", "reward", ["reward"],
                    _plot_reward_band),
             _panel("Evaluation accuracy", "accuracy", accuracy_keys, markers=True),
             _panel("Reward per function (mean)", "reward", _reward_function_keys(runs)),
-            _panel("Groups with zero reward variance", "fraction", ["frac_zero_std_groups"]),
+            _panel("Groups with zero reward variance", "fraction", ["frac_reward_zero_std"]),
         ]),
         ("entropy.png", "Entropy", [
-            _panel("Mean token entropy (vs ln 2)", "entropy (nats)", ["entropy/mean"],
+            _panel("Mean token entropy (vs ln 2)", "entropy (nats)", ["entropy"],
                    _plot_entropy),
         ]),
         ("conflict.png", "GTPO token conflicts and entropy filter", [
@@ -421,14 +498,14 @@ def _figures(runs: Sequence[_Run]) -> list[tuple[str, str, list[dict]]]:
         ]),
         ("length.png", "Completion length", [
             _panel("Completion length (solid: mean, dashed: max)", "tokens",
-                   ["completion_length/mean", "completion_length/max"]),
-            _panel("Truncated completions", "fraction", ["truncated_frac"]),
+                   ["completions/mean_length", "completions/max_length"]),
+            _panel("Truncated completions", "fraction", ["completions/clipped_ratio"]),
         ]),
         ("optim.png", "Optimisation", [
             _panel("Gradient norm", "grad norm", ["grad_norm"]),
-            _panel("Learning rate", "lr", ["lr"], smooth=False),
+            _panel("Learning rate", "learning_rate", ["learning_rate"], smooth=False),
             _panel("Loss", "loss", ["loss"]),
-            _panel("Clipped fraction", "clipfrac", ["clipfrac"]),
+            _panel("Clipped fraction (ratio outside the clip range)", "fraction of tokens", ["clip_ratio/region_mean"]),
         ]),
         ("probes.png", "Probability of tracked tokens", [
             _panel(k[len("probe/"):], "mean probability", [k]) for k in probe_keys
@@ -455,10 +532,10 @@ def plot_run(run_dirs: Sequence[str], out_dir: str, *, labels: Sequence[str] | N
 
     Figures (each skipped when no run has any of its keys; panels without data are dropped):
     ``reward.png`` (reward mean ± std band; eval pass@1 / greedy accuracy; per-function reward;
-    zero-variance groups), ``entropy.png`` (entropy/mean, dashed ln 2 line, each run's
+    zero-variance groups), ``entropy.png`` (entropy, dashed ln 2 line, each run's
     ``entropy_threshold``), ``conflict.png`` (gtpo/conflict_frac, gtpo/filtered_frac),
-    ``length.png`` (completion length mean/max, truncated_frac), ``optim.png`` (grad_norm, lr,
-    loss, clipfrac), ``probes.png`` (every probe/* key), ``eval.png`` (every eval/* key).
+    ``length.png`` (completions/mean_length and max_length, completions/clipped_ratio), ``optim.png``
+    (grad_norm, learning_rate, loss, clip_ratio/region_mean), ``probes.png`` (every probe/* key), ``eval.png`` (every eval/* key).
 
     Args:
         run_dirs: training output directories, each with a metrics.jsonl.
@@ -485,9 +562,9 @@ def _run_stats(run: _Run) -> dict[str, float | int | None]:
 
     - ``steps``: distinct steps that have a training metric (any key other than eval/*).
     - ``last_step``: the largest such step.
-    - ``reward_first``: reward/mean at the first step; ``reward_last10``: mean of reward/mean
+    - ``reward_first``: reward at the first step; ``reward_last10``: mean of reward
       over the last 10 % of its logged steps (at least one step, ceil(0.1·n)).
-    - ``entropy_start`` / ``entropy_end`` / ``entropy_max``: entropy/mean first, last, max.
+    - ``entropy_start`` / ``entropy_end`` / ``entropy_max``: entropy first, last, max.
     - ``conflict_frac_mean``, ``filtered_frac_mean``, ``step_time_s_mean``,
       ``tokens_per_s_mean``: means over the logged steps.
     """
@@ -501,21 +578,21 @@ def _run_stats(run: _Run) -> dict[str, float | int | None]:
         "steps": len(train_steps),
         "last_step": max(train_steps) if train_steps else None,
     }
-    _, reward = run.series("reward/mean")
+    _, reward = run.series("reward")
     stats["reward_first"] = float(reward[0]) if reward.size else None
     if reward.size:
         k = max(1, math.ceil(0.1 * reward.size))
         stats["reward_last10"] = float(reward[-k:].mean())
     else:
         stats["reward_last10"] = None
-    _, entropy = run.series("entropy/mean")
+    _, entropy = run.series("entropy")
     stats["entropy_start"] = float(entropy[0]) if entropy.size else None
     stats["entropy_end"] = float(entropy[-1]) if entropy.size else None
     stats["entropy_max"] = float(entropy.max()) if entropy.size else None
     for name, key in (("conflict_frac_mean", "gtpo/conflict_frac"),
                       ("filtered_frac_mean", "gtpo/filtered_frac"),
-                      ("step_time_s_mean", "step_time_s"),
-                      ("tokens_per_s_mean", "tokens_per_s")):
+                      ("step_time_s_mean", "step_time"),
+                      ("tokens_per_s_mean", "gtpo/tokens_per_s")):
         _, values = run.series(key)
         stats[name] = float(values.mean()) if values.size else None
     return stats
@@ -533,11 +610,11 @@ def _final_evals(run: _Run) -> dict[str, float]:
 _STAT_ROWS = (
     ("steps", "steps logged"),
     ("last_step", "last step"),
-    ("reward_first", "reward/mean, first step"),
-    ("reward_last10", "reward/mean, mean of last 10 %"),
-    ("entropy_start", "entropy/mean, start"),
-    ("entropy_end", "entropy/mean, end"),
-    ("entropy_max", "entropy/mean, max"),
+    ("reward_first", "reward, first step"),
+    ("reward_last10", "reward, mean of last 10 %"),
+    ("entropy_start", "entropy, start"),
+    ("entropy_end", "entropy, end"),
+    ("entropy_max", "entropy, max"),
     ("conflict_frac_mean", "gtpo/conflict_frac, mean"),
     ("filtered_frac_mean", "gtpo/filtered_frac, mean"),
     ("step_time_s_mean", "step time (s), mean"),
@@ -604,8 +681,8 @@ def _summarize_runs(runs: Sequence[_Run]) -> str:
 def summarize(run_dirs: Sequence[str], *, labels: Sequence[str] | None = None) -> str:
     """A markdown summary comparing runs: one column per run, one row per statistic.
 
-    Rows: steps logged and last step; reward/mean at the first step vs the mean over the last
-    10 % of steps; entropy/mean at start, end and its max; mean gtpo/conflict_frac and
+    Rows: steps logged and last step; reward at the first step vs the mean over the last
+    10 % of steps; entropy at start, end and its max; mean gtpo/conflict_frac and
     gtpo/filtered_frac; mean step time and tokens/s; the final value of every eval/* key; then a
     second table with summary.json's contents when any run has one. Missing values show "—".
 

@@ -9,14 +9,14 @@ One step (:meth:`GTPOTrainer.step`), top to bottom:
 2. **score**: every reward function under TRL's contract, weighted (:class:`gtpo.scoring.RewardScorer`);
    DAPO's overlong penalty; dynamic sampling replaces zero-variance groups;
 3. **advantages** over the whole (all-process) batch (:func:`gtpo.advantages.group_advantages`);
-4. **gtpo inputs** (:meth:`~GTPOTrainer.gtpo_inputs`): the loss mask, the conflict weights lambda
-   from the UNSHAPED advantage signs (:func:`gtpo.conflict.conflict_weights`), the rows the gamma
-   shift and the sign controls reach, ⟨H⟩_ini;
+4. **gtpo inputs** (:meth:`~GTPOTrainer.gtpo_inputs`): the loss mask, GTPO's per-row inputs of whole
+   groups (:func:`gtpo.method.group_inputs`: the conflict weights lambda from the UNSHAPED advantage
+   signs, the rows the gamma shift and the sign controls reach), ⟨H⟩_ini;
 5. **update** (:meth:`~GTPOTrainer.update`): ``num_iterations`` passes over micro-batches; one forward
    gives log-probs and entropies (:class:`gtpo.policy.PolicyForward`), the entropy filter and the
-   gamma shift shape the advantages (:func:`gtpo.advantages.entropy_control`, the rollout policy's
-   entropies in every pass), the loss is ``gtpo.losses.POLICY_LOSSES[loss_type]`` with the
-   normalisers of the whole batch (with vLLM: times the truncated importance weights of the sampler
+   gamma shift shape the advantages (:func:`gtpo.method.effective_advantages`, the rollout policy's
+   entropies in every pass), the loss is ``gtpo.losses.POLICY_LOSSES[loss_type]`` (one signature for
+   every loss) with the normalisers of the whole batch (with vLLM: times the truncated importance weights of the sampler
    mismatch, :func:`gtpo.losses.sampler_importance_weights`); gradients are clipped, non-finite updates
    skipped;
 6. **metrics** to ``metrics.jsonl`` (and trackers); sample completions, checkpoints and evaluation
@@ -45,15 +45,14 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .advantages import entropy_control, group_advantages, sign_mask, varying_groups
+from . import method
+from .advantages import group_advantages
 from .checkpoint import RESUME_HINT, RunDirectory
 from .config import GTPOConfig
-from .conflict import conflict_runs, conflict_weights
 from .data import as_dataset
 from .diagnostics import NoSignalCounter, policy_change_sums, probe_probabilities, signal_counts
 from .errors import TrainingStopped
-from .losses import POLICY_LOSSES, sampler_importance_weights
-from .ops import masked_mean
+from .losses import POLICY_LOSSES, LossExtras, sampler_importance_weights
 from .policy import PolicyForward
 from .rollout import PromptSampler, Rollout, encode_dataset_prompts, eos_token_ids, generate
 from .scoring import RewardScorer, ScoredBatch, overlong_penalty
@@ -492,39 +491,31 @@ class GTPOTrainer:
 
     # ------------------------------------------------------------------ 4. gtpo inputs
     def gtpo_inputs(self, rollout: Rollout, advantages: torch.Tensor) -> UpdateInputs:
-        """The loss mask, conflict weights (from the UNSHAPED signs, on the loss mask: a truncated
-        completion masked out of the loss is nobody's conflict partner [D]), the gamma-shift and sign
-        rows, ⟨H⟩_ini and the reference log-probs, for ``rollout`` (N rows) and ``advantages (N,)``."""
+        """The loss mask and GTPO's per-row inputs of whole groups (:func:`gtpo.method.group_inputs`: conflict
+        weights from the UNSHAPED signs on the loss mask, the gamma-shift and sign rows), ⟨H⟩_ini and the
+        reference log-probs, for ``rollout`` (N rows) and ``advantages (N,)``."""
         a = self.args
-        mask = rollout.completion_mask.clone()
-        if a.mask_truncated_completions:
-            mask[rollout.truncated] = 0
-        maskf = mask.float()
-        token_weights = n_conflict = None
-        conflict_frac = torch.tensor(0.0)
-        if a.resolved_conflict_masks:
-            token_weights, n_conflict = conflict_weights(rollout.completion_ids, mask, advantages, a.group_size,
-                                                         **a.conflict_kwargs())
-            pre, suf = conflict_runs(rollout.completion_ids, mask, advantages, a.group_size)
-            conflict_frac = ((pre | suf).float() * maskf).sum() / maskf.sum().clamp(min=1)
+        maskf = method.loss_mask(rollout.completion_mask, rollout.truncated,
+                                 mask_truncated_completions=a.mask_truncated_completions)
+        group = method.group_inputs(rollout.completion_ids, maskf, advantages, a)
+        stats = method.conflict_stats(group, maskf)
         inputs = UpdateInputs(
-            mask=maskf, token_weights=token_weights, n_conflict=n_conflict, conflict_frac=conflict_frac,
-            shift_mask=varying_groups(advantages, a.group_size) if a.gamma_groups == "varying" else None,
-            sign_mask=None if a.completion_sign == "all" else sign_mask(advantages, a.completion_sign),
+            mask=maskf, token_weights=group.token_weights, n_conflict=group.n_conflict,
+            conflict_frac=stats[0] / stats[1].clamp(min=1), shift_mask=group.shift_mask, sign_mask=group.sign_mask,
             initial_entropy=None, ref_logp=None,
         )
-        if a.resolved_entropy_filter and a.entropy_rule == "initial":
-            if self.initial_entropy is None:
-                measured = self._mean_completion_entropy(rollout, maskf)
-                if math.isfinite(measured):  # a non-finite first forward is skipped; measured again next step
-                    self.initial_entropy = measured
+        if method.uses_initial_entropy(a):
+            if self.initial_entropy is None:  # a non-finite first forward is skipped; measured again next step
+                self.initial_entropy = self._mean_completion_entropy(rollout, maskf)
             inputs.initial_entropy = self.initial_entropy
         if a.beta > 0:
             inputs.ref_logp = self._reference_logp(rollout, maskf)
         return inputs
 
-    def _forward(self, rollout: Rollout, index: slice, mask: torch.Tensor, policy: nn.Module | None = None):
-        """``logp (M, T)`` and ``entropy (M, T)`` of the rows ``index`` (``mask``: the loss mask)."""
+    def forward(self, rollout: Rollout, index: slice, mask: torch.Tensor, policy: nn.Module | None = None):
+        """``logp (M, T)`` and ``entropy (M, T)`` of the policy (or ``policy``) on the rows ``index`` of
+        ``rollout`` (``mask (N, T)``: the loss mask), at ``logprob_temperature``; with grad unless called
+        under ``torch.no_grad()``."""
         dev = self.accelerator.device
         input_ids = torch.cat([rollout.prompt_ids[index], rollout.completion_ids[index]], dim=1).to(dev)
         attn = torch.cat([rollout.prompt_mask[index], mask[index].long()], dim=1).to(dev)
@@ -542,23 +533,21 @@ class GTPOTrainer:
         for index in self._micro_batches(mask.shape[0]):
             if self.ref_policy is None:
                 with self.unwrapped_model.disable_adapter():
-                    outs.append(self._forward(rollout, index, mask)[0].detach())
+                    outs.append(self.forward(rollout, index, mask)[0].detach())
             else:
-                outs.append(self._forward(rollout, index, mask, policy=self.ref_policy)[0].detach())
+                outs.append(self.forward(rollout, index, mask, policy=self.ref_policy)[0].detach())
         return torch.cat(outs)
 
     @torch.no_grad()
-    def _mean_completion_entropy(self, rollout: Rollout, mask: torch.Tensor) -> float:
+    def _mean_completion_entropy(self, rollout: Rollout, mask: torch.Tensor) -> float | None:
         """⟨H⟩ of the current policy over the batch (all processes): the mean of the completions' mean
-        token entropies, over the completions that have tokens in ``mask``."""
+        token entropies, over the completions that have tokens in ``mask`` (None: not measurable)."""
         total = torch.zeros(2, device=self.accelerator.device)
         for index in self._micro_batches(mask.shape[0]):
-            _, ent = self._forward(rollout, index, mask)
+            _, ent = self.forward(rollout, index, mask)
             m = mask[index].to(ent.device)
-            has_tokens = m.sum(dim=1) > 0  # completions masked out entirely (truncated) have no entropy
-            total += torch.stack([masked_mean(ent, m, dim=1)[has_tokens].sum(), has_tokens.sum().float()])
-        total = self.accelerator.reduce(total, "sum")
-        return float(total[0] / total[1])
+            total += method.initial_entropy_sums(method.completion_entropy(ent, m), m)
+        return method.initial_entropy_value(self.accelerator.reduce(total, "sum"))
 
     # ------------------------------------------------------------------ 5. update
     def update(self, rollout: Rollout, advantages: torch.Tensor, inputs: UpdateInputs) -> UpdateResult:
@@ -566,7 +555,7 @@ class GTPOTrainer:
         with the whole batch's normalisers (so the update does not depend on ``micro_batch_size``).
 
         Each micro-batch: forward (log-probs, entropies), effective advantages
-        (:meth:`effective_advantages`, from the rollout policy's entropies, frozen over the passes [D]),
+        (:func:`gtpo.method.effective_advantages`, from the rollout policy's entropies, frozen over the passes [D]),
         the loss of ``loss_type``, backward. Then the gradient is clipped; a non-finite loss or gradient
         skips this update and the rest of the step's (the same on every process).
         """
@@ -576,9 +565,6 @@ class GTPOTrainer:
         world = acc.num_processes
         # the loss is scaled by the world size: DDP's gradient mean is then the gradient of the global loss
         num_tokens = max(int(acc.reduce(inputs.mask.sum().to(dev), "sum").item()), 1)
-        kwargs = {**a.loss_kwargs(), "num_sequences": n * world}
-        if a.loss_type != "gtpo":
-            kwargs["num_tokens"] = num_tokens
         first_logp = torch.zeros((n, t), device=dev) if (a.num_iterations > 1 or a.log_policy_change) else None
         seq_entropy = torch.zeros(n, device=dev)
         signal = torch.zeros(3, device=dev)
@@ -595,21 +581,22 @@ class GTPOTrainer:
             for k, index in enumerate(batches):
                 sync = contextlib.nullcontext() if k == len(batches) - 1 else acc.no_sync(self.policy)
                 with sync:
-                    logp, ent = self._forward(rollout, index, inputs.mask)
+                    logp, ent = self.forward(rollout, index, inputs.mask)
                     m = inputs.mask[index].to(dev)
                     adv = advantages[index].to(dev)
                     if it == 0:
-                        seq_entropy[index] = masked_mean(ent, m, dim=1)
+                        seq_entropy[index] = method.completion_entropy(ent, m)
                         if first_logp is not None:
                             first_logp[index] = logp.detach()
-                    eff, dropped, adv_metrics = self.effective_advantages(adv, seq_entropy[index], inputs, index)
-                    batch_kw = self._batch_kwargs(inputs, index, first_logp, it)
+                    eff, dropped, adv_metrics = self._effective_advantages(adv, seq_entropy[index], inputs, index)
+                    is_weights = None
                     if sampler is not None:  # vLLM sampled these tokens: its gap to pi_old, the IS weights
                         old = logp.detach() if it == 0 else first_logp[index]
-                        weights = sampler.observe(old, rollout.sampling_logp[index].to(dev), m, first=it == 0)
-                        if weights is not None:
-                            batch_kw["is_weights"] = weights
-                    out = self.loss_fn(logp, m, eff, **kwargs, **batch_kw)
+                        is_weights = sampler.observe(old, rollout.sampling_logp[index].to(dev), m, first=it == 0)
+                    extras = self._loss_extras(inputs, index, is_weights, num_sequences=n * world,
+                                               num_tokens=num_tokens)
+                    old_logp = first_logp[index] if it > 0 else None
+                    out = self.loss_fn(logp, old_logp, eff, m, extras, a)
                     acc.backward(out.loss * world)
                 loss_total = loss_total + out.loss.detach() * world
                 if it == 0:
@@ -633,42 +620,28 @@ class GTPOTrainer:
         return UpdateResult(loss_total, grad_norm, skipped, sums, entropy_sum, signal, seq_entropy, change,
                             None if sampler is None else sampler.metrics())
 
-    def effective_advantages(self, advantages: torch.Tensor, seq_entropy: torch.Tensor, inputs: UpdateInputs,
-                             index: slice) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """The advantages that multiply the gradient of the rows ``index``: ``advantages (M,)`` shaped by
-        the entropy filter and the gamma shift (``seq_entropy (M,)``), limited to the sign control's
-        rows; the rows the filter dropped ``(M,)`` bool; and the entropy control's metrics
-        (``gtpo/filtered_frac``, ``gtpo/adv_shaped_mean``, ``gtpo/adv_shift_mean``; means over these rows)."""
-        a = self.args
-        effective, metrics = advantages, {}
-        dropped = torch.zeros_like(advantages, dtype=torch.bool)
-        if a.entropy_control:
-            shift_mask = None if inputs.shift_mask is None else inputs.shift_mask[index].to(advantages.device)
-            effective, keep = entropy_control(advantages, seq_entropy, **a.shaping_kwargs(),
-                                              initial_entropy=inputs.initial_entropy, shift_mask=shift_mask)
-            kept, dropped = keep.float(), ~keep
-            metrics = {"gtpo/filtered_frac": 1.0 - kept.mean(), "gtpo/adv_shaped_mean": effective.mean(),
-                       "gtpo/adv_shift_mean": ((effective - advantages) * kept).sum() / kept.sum().clamp(min=1)}
-        if inputs.sign_mask is not None:
-            rows = inputs.sign_mask[index].to(advantages.device)
-            effective = torch.where(rows, effective, torch.zeros_like(effective))
-        return effective, dropped, metrics
+    def _effective_advantages(self, advantages: torch.Tensor, seq_entropy: torch.Tensor, inputs: UpdateInputs,
+                              index: slice) -> method.EffectiveAdvantages:
+        """:func:`gtpo.method.effective_advantages` of the rows ``index`` (``advantages (M,)``, the rollout
+        policy's ``seq_entropy (M,)``), with ⟨H⟩_ini and the rows' gamma-shift and sign masks."""
+        def rows(t):
+            return None if t is None else t[index].to(advantages.device)
 
-    def _batch_kwargs(self, inputs: UpdateInputs, index: slice, first_logp: torch.Tensor | None,
-                      iteration: int) -> dict[str, Any]:
-        """The loss's per-micro-batch tensors: the rollout log-probs (passes after the first), the
-        reference log-probs, the conflict weights and counts."""
+        return method.effective_advantages(advantages, seq_entropy, self.args, initial_entropy=inputs.initial_entropy,
+                                           shift_mask=rows(inputs.shift_mask), sign_rows=rows(inputs.sign_mask))
+
+    def _loss_extras(self, inputs: UpdateInputs, index: slice, is_weights: torch.Tensor | None, *,
+                     num_sequences: int, num_tokens: int) -> LossExtras:
+        """The loss's optional tensors of the rows ``index`` (conflict weights and counts, reference log-probs,
+        the sampler's importance weights) and the whole batch's normalisers."""
         dev = self.accelerator.device
-        kw: dict[str, Any] = {}
-        if iteration > 0:
-            kw["old_logp"] = first_logp[index]
-        if inputs.ref_logp is not None:
-            kw["ref_logp"] = inputs.ref_logp[index]
-        if inputs.token_weights is not None:
-            kw["token_weights"] = inputs.token_weights[index].to(dev)
-            if self.args.loss_type == "gtpo":
-                kw["n_conflict"] = inputs.n_conflict[index].to(dev)
-        return kw
+
+        def rows(t):
+            return None if t is None else t[index].to(dev)
+
+        return LossExtras(token_weights=rows(inputs.token_weights), n_conflict=rows(inputs.n_conflict),
+                          ref_logp=rows(inputs.ref_logp), is_weights=is_weights, num_sequences=num_sequences,
+                          num_tokens=num_tokens)
 
     @torch.no_grad()
     def _policy_change(self, rollout: Rollout, mask: torch.Tensor, old_logp: torch.Tensor, params: list,
@@ -678,7 +651,7 @@ class GTPOTrainer:
         norm = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(params, before)))
         kl = torch.zeros(3, device=self.accelerator.device)
         for index in self._micro_batches(mask.shape[0]):
-            new_logp, _ = self._forward(rollout, index, mask)
+            new_logp, _ = self.forward(rollout, index, mask)
             kl += policy_change_sums(new_logp, old_logp[index], mask[index].to(new_logp.device))
         kl = self.accelerator.reduce(kl, "sum")
         count = kl[2].clamp(min=1)

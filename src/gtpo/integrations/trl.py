@@ -14,11 +14,11 @@ gradient checkpointing, logging, checkpoints and the Hub::
                              train_dataset=ds, peft_config=lora)   # trl.GRPOTrainer's constructor
     trainer.train()
 
-The maths is this package's, never a copy: :func:`gtpo.conflict.conflict_weights` (lambda and
-``n_conflict`` from the UNSHAPED advantage signs, on the loss mask),
-:func:`gtpo.advantages.entropy_control` (filter, ``<H>_ini`` rule, gamma shift),
-:func:`gtpo.advantages.varying_groups` / :func:`~gtpo.advantages.sign_mask` and
-:func:`gtpo.losses.gtpo_loss`. Any other ``loss_type`` ("grpo", "dapo", "dr_grpo", "bnpo", "cispo",
+The method is this package's, never a copy: the composition of :mod:`gtpo.method` that gtpo's own
+trainer calls too (:func:`~gtpo.method.group_inputs`: lambda and ``n_conflict`` from the UNSHAPED
+advantage signs on the loss mask, the gamma-shift and sign rows; :func:`~gtpo.method.effective_advantages`:
+filter, ``<H>_ini`` rule, gamma shift; :func:`~gtpo.method.initial_entropy_sums`), and the loss
+``gtpo.losses.POLICY_LOSSES["gtpo"]`` with the one signature of every loss. Any other ``loss_type`` ("grpo", "dapo", "dr_grpo", "bnpo", "cispo",
 "sapo", "luspo", "vespo") is TRL's own code, unchanged.
 
 Where each step happens (trl 1.16):
@@ -39,7 +39,7 @@ Where each step happens (trl 1.16):
    micro-batch is the rollout policy and the entropies of the loss forward are used (and kept for
    the later passes).
 3. ``_compute_loss`` (``loss_type="gtpo"``): one forward (TRL's fused log-prob/entropy head),
-   :func:`~gtpo.advantages.entropy_control` with ``<H>_i``, then :func:`~gtpo.losses.gtpo_loss`
+   :func:`~gtpo.method.effective_advantages` with ``<H>_i``, then ``POLICY_LOSSES["gtpo"]``
    with TRL's normalisation (below). TRL's per-token multipliers that combine with GTPO -- the
    top-entropy token mask (``top_entropy_quantile``), vLLM's importance-sampling ratio and the
    off-policy sequence mask -- multiply lambda in the loss; ``gtpo/weighted_token_frac`` is still
@@ -56,7 +56,7 @@ when ``divide_by_conflict_count``), the loss of a micro-batch of ``B`` completio
 that of ``(G or 1) * mean_i c_i`` over all its completions, i.e. GTPO's ``sum over each group,
 mean over groups`` [C] or the paper's ``1/G`` mean [P] -- independently of how groups were split
 over micro-batches and processes (each ``c_i`` needs only its own row). It is
-``gtpo_loss(..., completion_reduction="mean", num_sequences=B * GA)`` times G for "sum".
+``POLICY_LOSSES["gtpo"]`` with ``completion_reduction="mean"`` and ``num_sequences=B * GA``, times G for "sum".
 
 Config: :class:`TRLGTPOConfig` is ``trl.GRPOConfig`` plus GTPO's method fields, declared here with
 the defaults and documentation of :class:`gtpo.GTPOConfig` (read from its dataclass fields:
@@ -121,16 +121,14 @@ except ImportError as _err:  # pragma: no cover - exercised only without TRL
         f"(tested with trl 1.16); importing it failed: {_err}"
     ) from _err
 
-from ..advantages import entropy_control, sign_mask, varying_groups
+from .. import method
 from ..config import GTPOConfig
-from ..conflict import conflict_runs, conflict_weights
 from ..errors import ConfigError, ConfigValueError
-from ..losses import gtpo_loss
-from ..ops import masked_mean
+from ..losses import POLICY_LOSSES, LossExtras
 from ..scoring import overlong_penalty
 
 __all__ = ["ENGINE_ONLY", "GTPO_METHOD_FIELDS", "OverlongPenalty", "RENAMED", "SHARED_VLLM_FIELDS", "TRLGTPOConfig",
-           "TRLGTPOTrainer", "UNAVAILABLE", "check_trl_options", "effective_advantages", "run_train_trl"]
+           "TRLGTPOTrainer", "UNAVAILABLE", "check_trl_options", "run_train_trl"]
 
 logger = logging.getLogger("gtpo")
 
@@ -508,29 +506,6 @@ def _loss_mask(batch: dict) -> torch.Tensor:
     return mask if batch.get("tool_mask") is None else mask * batch["tool_mask"]
 
 
-def effective_advantages(advantages: torch.Tensor, seq_entropy: torch.Tensor | None, config: GTPOConfig, *,
-                         initial_entropy: float | None = None, shift_mask: torch.Tensor | None = None,
-                         rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The advantages that multiply GTPO's gradient and the rows the entropy filter dropped.
-
-    ``advantages (M,)`` unshaped; ``seq_entropy (M,)`` the rollout policy's mean token entropies
-    ``<H>_i`` (needed when ``config.entropy_control``); :func:`gtpo.advantages.entropy_control` with
-    ``config.shaping_kwargs()``, ``initial_entropy`` (``entropy_rule="initial"``) and ``shift_mask (M,)``
-    (``gamma_groups="varying"``); then ``rows (M,)`` bool (``completion_sign``) zeroes the other rows.
-    The composition of gtpo's own trainer (``GTPOTrainer.effective_advantages``). Returns
-    ``(effective (M,), dropped (M,) bool)``.
-    """
-    effective = advantages
-    dropped = torch.zeros_like(advantages, dtype=torch.bool)
-    if config.entropy_control:
-        effective, keep = entropy_control(advantages, seq_entropy, **config.shaping_kwargs(),
-                                          initial_entropy=initial_entropy, shift_mask=shift_mask)
-        dropped = ~keep
-    if rows is not None:
-        effective = torch.where(rows, effective, torch.zeros_like(effective))
-    return effective, dropped
-
-
 class TRLGTPOTrainer(GRPOTrainer):
     """``trl.GRPOTrainer`` that trains GTPO (arXiv 2508.03772) when ``args.loss_type == "gtpo"``.
 
@@ -585,6 +560,10 @@ class TRLGTPOTrainer(GRPOTrainer):
                 args.reward_weights = [*args.reward_weights, 1.0]
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
         self.gtpo_config: GTPOConfig | None = args.to_gtpo_config() if args.loss_type == "gtpo" else None
+        # the loss of a micro-batch under TRL's normalisation (module documentation): the mean over B * GA
+        # completions (times G for completion_reduction="sum"), with TRL's clip range
+        self._gtpo_loss_config = None if self.gtpo_config is None else self.gtpo_config.replace(
+            completion_reduction="mean", epsilon=self.epsilon_low, epsilon_high=self.epsilon_high)
         self.gtpo_initial_entropy: float | None = None  # <H>_ini (entropy_rule="initial")
         self._gtpo_rewards: torch.Tensor | None = None  # (N_global, n_funcs) of the last _calculate_rewards
         self._gtpo_capture = False  # keep the entropies of the next policy forward (rollout log-probs)
@@ -657,46 +636,41 @@ class TRLGTPOTrainer(GRPOTrainer):
         rpf = self._gtpo_rewards
         rewards = (rpf * self.reward_weights.to(rpf.device).unsqueeze(0)).nansum(dim=1)  # (N_global,)
         rewards[torch.isnan(rpf).all(dim=1)] = torch.nan
-        grouped = rewards.view(-1, G)  # (P_global, G)
-        hi = torch.where(torch.isnan(grouped), -torch.inf, grouped).amax(dim=1)
-        lo = torch.where(torch.isnan(grouped), torch.inf, grouped).amin(dim=1)
-        constant = (hi <= lo).repeat_interleave(G)[local].to(batch["advantages"].device)  # (N,)
+        constant = method.constant_groups(rewards, G)[local].to(batch["advantages"].device)  # (N,)
         advantages = torch.where(constant, torch.zeros_like(batch["advantages"]), batch["advantages"])
         out["advantages"] = advantages
 
-        # 2. per-group inputs on whole groups: locally when this process holds whole groups (its rows are the
-        #    contiguous slice `local` of the global batch), else on the gathered batch
-        whole = n % G == 0
-        if whole or not (cfg.resolved_conflict_masks or cfg.gamma_groups == "varying"):
-            g_ids, g_mask, g_adv, rows = ids, mask, advantages, slice(0, n)
-        else:
-            g_ids = acc.gather(acc.pad_across_processes(ids, dim=1, pad_index=0))
-            g_mask = acc.gather(acc.pad_across_processes(mask, dim=1, pad_index=0))
-            g_adv = acc.gather(advantages)
-            rows = local
-        if cfg.resolved_conflict_masks:
-            weights, n_conflict = conflict_weights(g_ids, g_mask, g_adv, G, **cfg.conflict_kwargs())
-            prefix, suffix = conflict_runs(g_ids, g_mask, g_adv, G)
-            maskf = g_mask.float()
-            stats = torch.stack([((prefix | suffix).float() * maskf).sum(), maskf.sum(),
-                                 n_conflict.float().sum(), torch.tensor(float(n_conflict.numel()), device=maskf.device)])
+        # 2. per-group inputs on whole groups (gtpo.method.group_inputs): locally when this process holds whole
+        #    groups (its rows are the contiguous slice `local` of the global batch), else on the gathered batch
+        if cfg.resolved_conflict_masks or cfg.gamma_groups == "varying" or cfg.completion_sign != "all":
+            whole = n % G == 0
             if whole:
+                g_ids, g_mask, g_adv, rows = ids, mask, advantages, slice(0, n)
+            else:
+                g_ids = acc.gather(acc.pad_across_processes(ids, dim=1, pad_index=0))
+                g_mask = acc.gather(acc.pad_across_processes(mask, dim=1, pad_index=0))
+                g_adv = acc.gather(advantages)
+                rows = local
+            group = method.group_inputs(g_ids, g_mask, g_adv, cfg).rows(rows)
+            if group.token_weights is not None:  # this process's columns (the gathered batch was padded)
+                group = group._replace(token_weights=group.token_weights[:, :t], conflict_run=group.conflict_run[:, :t])
+                stats = method.conflict_stats(group, mask)
                 stats = acc.reduce(stats, reduction="sum")
-            self._metrics[mode]["gtpo/conflict_frac"].append(float(stats[0] / stats[1].clamp(min=1)))
-            self._metrics[mode]["gtpo/n_conflict_mean"].append(float(stats[2] / stats[3].clamp(min=1)))
-            out["gtpo_token_weights"] = weights[rows, :t]
-            out["gtpo_n_conflict"] = n_conflict[rows]
-        if cfg.gamma_groups == "varying":
-            out["gtpo_shift_mask"] = varying_groups(g_adv, G)[rows]
-        if cfg.completion_sign != "all":
-            out["gtpo_rows"] = sign_mask(advantages, cfg.completion_sign)
+                self._metrics[mode]["gtpo/conflict_frac"].append(float(stats[0] / stats[1].clamp(min=1)))
+                self._metrics[mode]["gtpo/n_conflict_mean"].append(float(stats[2] / stats[3].clamp(min=1)))
+                out["gtpo_token_weights"] = group.token_weights
+                out["gtpo_n_conflict"] = group.n_conflict
+            if group.shift_mask is not None:
+                out["gtpo_shift_mask"] = group.shift_mask
+            if group.sign_mask is not None:
+                out["gtpo_rows"] = group.sign_mask
 
         # 3. the rollout policy's completion entropies, when TRL's rollout log-probs forward ran
         if self._gtpo_captured is not None:
-            out["gtpo_seq_entropy"] = masked_mean(self._gtpo_captured.detach().float(), mask, dim=1)
+            out["gtpo_seq_entropy"] = method.completion_entropy(self._gtpo_captured, mask)
 
         # 4. <H>_ini: the policy's mean completion entropy on the first batch (the paper's rule)
-        if cfg.resolved_entropy_filter and cfg.entropy_rule == "initial":
+        if method.uses_initial_entropy(cfg):
             if self.gtpo_initial_entropy is None:
                 self.gtpo_initial_entropy = self._measure_initial_entropy(batch, mask, out.get("gtpo_seq_entropy"))
             if self.gtpo_initial_entropy is not None:
@@ -719,12 +693,9 @@ class TRLGTPOTrainer(GRPOTrainer):
                     batch_size=self.args.per_device_train_batch_size, compute_entropy=True,
                     **{k: batch.get(k) for k in _MULTIMODAL_KEYS},
                 )
-            seq_entropy = masked_mean(entropies.float(), mask, dim=1)
-        has_tokens = (mask.sum(dim=1) > 0).float()
-        total = self.accelerator.reduce(torch.stack([(seq_entropy * has_tokens).sum(), has_tokens.sum()]),
-                                        reduction="sum")
-        value = float(total[0] / total[1]) if float(total[1]) > 0 else float("nan")
-        return value if math.isfinite(value) else None
+            seq_entropy = method.completion_entropy(entropies, mask)
+        total = self.accelerator.reduce(method.initial_entropy_sums(seq_entropy, mask), reduction="sum")
+        return method.initial_entropy_value(total)
 
     # ------------------------------------------------------------------------------- loss side
     def _compute_loss(self, model, inputs):
@@ -747,12 +718,13 @@ class TRLGTPOTrainer(GRPOTrainer):
         # since the rollout), kept in the micro-batch for the later passes (num_iterations)
         seq_entropy = inputs.get("gtpo_seq_entropy")
         if seq_entropy is None and cfg.entropy_control:
-            seq_entropy = masked_mean(entropies.detach().float(), mask, dim=1)
+            seq_entropy = method.completion_entropy(entropies, mask)
             inputs["gtpo_seq_entropy"] = seq_entropy
         advantages = inputs["advantages"]  # (B,) unshaped
-        initial = self.gtpo_initial_entropy if cfg.resolved_entropy_filter and cfg.entropy_rule == "initial" else None
-        effective, dropped = effective_advantages(advantages, seq_entropy, cfg, initial_entropy=initial,
-                                                  shift_mask=inputs.get("gtpo_shift_mask"), rows=inputs.get("gtpo_rows"))
+        initial = self.gtpo_initial_entropy if method.uses_initial_entropy(cfg) else None
+        effective, dropped, _ = method.effective_advantages(advantages, seq_entropy, cfg, initial_entropy=initial,
+                                                            shift_mask=inputs.get("gtpo_shift_mask"),
+                                                            sign_rows=inputs.get("gtpo_rows"))
 
         # lambda, times TRL's per-token multipliers that combine with GTPO
         lam = inputs.get("gtpo_token_weights")  # (B, T) or None
@@ -774,12 +746,9 @@ class TRLGTPOTrainer(GRPOTrainer):
         n_conflict = inputs.get("gtpo_n_conflict")
 
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
-        out = gtpo_loss(
-            logp, mask, effective, token_weights=token_weights, n_conflict=n_conflict,
-            old_logp=inputs.get("old_per_token_logps"), eps_low=self.epsilon_low, eps_high=self.epsilon_high,
-            divide_by_conflict_count=cfg.divide_by_conflict_count and n_conflict is not None,
-            completion_reduction="mean", num_sequences=B * accumulation,
-        )
+        extras = LossExtras(token_weights=token_weights, n_conflict=n_conflict, num_sequences=B * accumulation)
+        out = POLICY_LOSSES["gtpo"](logp, inputs.get("old_per_token_logps"), effective, mask, extras,
+                                    self._gtpo_loss_config)
         loss = out.loss * G if cfg.completion_reduction == "sum" else out.loss
 
         if self.aux_loss_enabled:  # as TRL: scaled for gradient accumulation

@@ -1,0 +1,64 @@
+"""Names of the logged metrics: TRL's where TRL logs the same quantity, GTPO's own under ``gtpo/``.
+
+Both engines write these names to ``metrics.jsonl`` and to the trackers (docs/metrics.md has the
+table with what each metric means). Runs written before the names followed TRL's (``reward/mean``,
+``entropy/mean``, ``truncated_frac``, ``lr``, ...) are still read: :func:`canonical_record` gives
+any record, old or new, the current names. No torch import here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+__all__ = ["RENAMED", "canonical_name", "canonical_record"]
+
+#: earlier gtpo name -> current name (TRL's, or GTPO's own under ``gtpo/``)
+RENAMED: dict[str, str] = {
+    "reward/mean": "reward",
+    "reward/std": "reward_std",
+    "entropy/mean": "entropy",
+    "completion_length/mean": "completions/mean_length",
+    "completion_length/max": "completions/max_length",
+    "truncated_frac": "completions/clipped_ratio",
+    "frac_zero_std_groups": "frac_reward_zero_std",
+    "lr": "learning_rate",
+    "clipfrac": "clip_ratio/region_mean",
+    "step_time_s": "step_time",
+    "approx_kl": "gtpo/approx_kl",
+    "ratio/mean": "gtpo/ratio_mean",
+    "update_norm": "gtpo/update_norm",
+    "kl/new_old": "gtpo/kl_new_old",
+    "kl/old_new": "gtpo/kl_old_new",
+    "skipped_steps": "gtpo/skipped_steps",
+    "skipped_updates": "gtpo/skipped_updates",
+    "no_signal": "gtpo/no_signal",
+    "no_signal_steps": "gtpo/no_signal_steps",
+    "generation_time_s": "gtpo/generation_time",
+    "update_time_s": "gtpo/update_time",
+    "tokens_per_s": "gtpo/tokens_per_s",
+    "dynamic_sampling/rounds": "gtpo/dynamic_sampling_rounds",
+}
+
+
+def canonical_name(key: str) -> str:
+    """The current name of a metric: ``RENAMED[key]``; ``reward/<f>/mean`` -> ``rewards/<f>/mean`` (TRL's
+    per-function reward); ``no_signal/<reason>`` -> ``gtpo/no_signal/<reason>``; any other key as it is."""
+    if key in RENAMED:
+        return RENAMED[key]
+    if key.startswith("reward/") and key.count("/") >= 2:
+        return "rewards/" + key[len("reward/"):]
+    if key.startswith("no_signal/"):
+        return "gtpo/" + key
+    return key
+
+
+def canonical_record(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``record`` (one ``metrics.jsonl`` line, old or current names) with the current names, in the same order;
+    where a line holds a metric under both names, the current name's value is kept."""
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        name = canonical_name(key)
+        if name != key and name in record:
+            continue
+        out[name] = value
+    return out
