@@ -161,6 +161,14 @@ def test_bootstrap_and_t():
     assert stats.mdd_paired(1.0, 10) == pytest.approx((2.262157 + 0.883330) / math.sqrt(10), abs=1e-4)
 
 
+def test_spearman_by_hand():
+    # ranks of x: 1 2 3 4 5, of y: 2 1 4 3 5; sum d^2 = 4, rho = 1 - 6 * 4 / (5 * 24) = 0.8
+    r = stats.spearman([1, 2, 3, 4, 5], [20, 10, 40, 30, 50])
+    assert r["rho"] == pytest.approx(0.8, rel=1e-12)
+    t = 0.8 * math.sqrt(3 / (1 - 0.64))
+    assert r["p"] == pytest.approx(2 * stats.t_sf(t, 3), rel=1e-9)
+
+
 def test_collapse_criterion():
     from experiments.protocol.stress import collapse_step
 
@@ -181,7 +189,7 @@ def test_error_prompts():
 
 def test_smol_detailed_greedy_matches_cli(tmp_path):
     """The SmolLM2 runner's per-problem evaluation is the CLI's greedy accuracy, with verdicts."""
-    from gtpo.cli import _greedy_accuracy
+    from gtpo.app import greedy_accuracy as _greedy_accuracy
     from gtpo.config import GTPOConfig
     from gtpo.models import load_model_and_tokenizer
     from gtpo.testing import build_tiny_model
@@ -446,3 +454,76 @@ def test_smol_arms_pin_what_the_default_may_change():
     assert set(over) == {"--learning_rate", "--max_steps"}  # nothing else differs from the shipped default
     assert smol.same_settings(smol.DEFAULT_ARM) == ("gtpo_lr2e-4_40",)
     assert smol.same_settings("gtpo_lr3e-4") == ("gtpo_lr3e-4_2threads",)
+
+
+def test_claim7b_order_and_attribution_rule():
+    """Block 1 runs seed by seed with every arm per seed, then block 2; the attribution rule as declared."""
+    from experiments.protocol import claim7b
+
+    jobs = claim7b.jobs()
+    assert jobs[:len(claim7b.ARMS)] == [(a, 0) for a in claim7b.ARMS]
+    assert [s for _, s in jobs] == sorted(s for _, s in jobs) and len(jobs) == len(set(jobs)) == 12 * len(claim7b.ARMS)
+    a = claim7b.ALPHA
+    assert a == pytest.approx(0.05 / 7)
+    assert claim7b.attribution(a / 2, 0.02, 0.5, 0.01) == "the gamma shift carries the gain"
+    assert claim7b.attribution(0.5, 0.02, a / 2, 0.01).startswith("the rest of GTPO")
+    assert claim7b.attribution(a / 2, 0.02, a / 2, 0.01) == "both contribute"
+    assert claim7b.attribution(a / 2, -0.02, 0.5, 0.01) == "none identified"  # significant, but a loss
+
+
+def test_stress_opt_pilot_and_main_grid():
+    from experiments.protocol import stress_opt as so
+
+    full = len(so.ARMS) * len(so.PILOT_SEEDS)
+    none, every = [False] * full, [True] * full
+    assert so.pilot_factors({}) == list(so.PILOT_FACTORS)
+    # nothing collapsed at the top: the next ladder factor above
+    outc = {f: none for f in so.PILOT_FACTORS}
+    assert so.pilot_factors(outc) == [*so.PILOT_FACTORS, 3200.0]
+    # a collapse at the bottom: the next one below
+    outc = {f: every for f in so.PILOT_FACTORS}
+    assert so.pilot_factors(outc) == [3.2, *so.PILOT_FACTORS]
+    # bracketed: lo = 32 (below the first collapse at 100), hi = 320 (first factor where all collapsed)
+    outc = {10.0: none, 32.0: none, 100.0: [True] + none[1:], 320.0: every, 1000.0: every}
+    assert so.pilot_factors(outc) == list(so.PILOT_FACTORS)
+    assert so.main_grid(outc) == [32.0, 69.0, 150.0, 320.0]
+    # no factor where every run collapsed: up to the top of the pilot
+    outc = {10.0: none, 32.0: none, 100.0: [True] + none[1:], 320.0: [True] + none[1:], 1000.0: [True] * 2 + none[2:]}
+    assert so.main_grid(outc) == [32.0, 100.0, 320.0, 1000.0]
+    with pytest.raises(ValueError, match="no pilot run collapsed"):
+        so.main_grid({f: none for f in so.PILOT_FACTORS})
+
+
+def test_declarations_are_checked():
+    """A run that started before its declaration's commit is refused; so is one without a declaration."""
+    from experiments.protocol import declare
+
+    ok = [{"kind": "final", "arm": "a", "lr": 1e-4, "seed": s, "declared_in": "c" * 40, "declared_at": 1000,
+           "started_at": 1000.5 + s} for s in range(3)]
+    res = declare.check_runs(ok + [{"kind": "start"}], "f.jsonl.gz", use_git=False)
+    assert res["n"] == 3 and res["declarations"] == {"c" * 40: (1000, 3)} and res["last_start"] == 1002.5
+    assert "3 runs declared in `cccccccccc`" in declare.describe(res)
+    early = dict(ok[0], started_at=999.0)
+    with pytest.raises(SystemExit, match="f.jsonl.gz: run final a .* before its declaration cccccccccc"):
+        declare.check_runs(ok + [early], "f.jsonl.gz", use_git=False)
+    with pytest.raises(SystemExit, match="no declaration commit"):
+        declare.check_runs([dict(ok[0], declared_in=None)], "f.jsonl.gz", use_git=False)
+
+
+def test_declaration_commit_is_checked_against_git():
+    """With git, the recorded commit must be in this branch's history with the recorded committer time."""
+    import subprocess
+
+    from experiments.protocol import declare
+
+    if not declare.git_available():
+        pytest.skip("not a git checkout")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=declare.ROOT, capture_output=True, text=True).stdout.strip()
+    at = int(subprocess.run(["git", "show", "-s", "--format=%ct", head], cwd=declare.ROOT, capture_output=True,
+                            text=True).stdout)
+    run = {"kind": "tune", "arm": "a", "lr": 1.0, "seed": 0, "declared_in": head, "declared_at": at, "started_at": at + 1}
+    assert declare.check_runs([run], "f", use_git=True)["git_checked"]
+    with pytest.raises(SystemExit, match="committed at"):
+        declare.check_runs([dict(run, declared_at=at - 5)], "f", use_git=True)
+    with pytest.raises(SystemExit, match="not in this branch's history"):
+        declare.check_runs([dict(run, declared_in="0" * 40)], "f", use_git=True)

@@ -26,6 +26,7 @@ enumeration, so a change of scipy's defaults cannot silently change a p-value.
   the sums are written out; the tests check it equals ``scipy.stats.logrank`` where that applies.
 * :func:`bootstrap_ci` — percentile bootstrap interval (``scipy.stats.bootstrap``).
 * :func:`paired_t` — paired t-test (``scipy.stats.ttest_1samp`` on the differences).
+* :func:`spearman` — rank correlation (``scipy.stats.spearmanr``).
 * :func:`mdd_paired`, :func:`mdd_two_sample` — minimum detectable differences from Student's t quantiles.
 """
 
@@ -203,6 +204,12 @@ def paired_t(diffs: Sequence[float]) -> dict:
         return {"n": n, "mean": mean, "sd": sd, "t": float("nan"), "p": float("nan")}
     r = _st.ttest_1samp(np.asarray(diffs, dtype=float), 0.0)
     return {"n": n, "mean": mean, "sd": sd, "t": float(r.statistic), "p": float(r.pvalue)}
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> dict:
+    """Spearman's rank correlation ``rho`` and its two-sided ``p`` (``scipy.stats.spearmanr``; t approximation)."""
+    r = _st.spearmanr(np.asarray(x, dtype=float), np.asarray(y, dtype=float))
+    return {"rho": float(r.statistic), "p": float(r.pvalue), "n": len(x)}
 
 
 def mdd_paired(sd_diff: float, n: int, *, alpha: float = 0.05, power: float = 0.8) -> float:

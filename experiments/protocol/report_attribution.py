@@ -1,0 +1,156 @@
+"""docs/results.md's section on the claim-7 attribution design (:mod:`experiments.protocol.claim7b`), with its
+verdict generated from the data by the rule declared in ``claim7b.attribution``."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections import defaultdict
+
+from . import claim7b, stats
+from .common import DATA, read_jsonl_gz
+from .declare import check_runs, describe
+from .report import fmt_p, mean_sd, pct, table
+
+DATA_NAME = os.path.relpath(claim7b.DATA_FILE, DATA)
+METRICS = (("sampled", "pass@1", "sampled pass@1"), ("greedy", "pass@1", "greedy pass@1"),
+           ("sampled", "pass@8", "pass@8"), ("sampled", "maj@8", "maj@8"))
+
+
+def load() -> tuple[dict | None, list[dict]]:
+    if not os.path.isfile(claim7b.DATA_FILE):
+        return None, []
+    recs = read_jsonl_gz(claim7b.DATA_FILE)
+    return next((r for r in recs if r["kind"] == "start"), None), [r for r in recs if r["kind"] != "start"]
+
+
+def _first_start() -> dict | None:
+    path = os.path.join(DATA, "claim7.jsonl.gz")
+    return next((r for r in read_jsonl_gz(path) if r["kind"] == "start"), None) if os.path.isfile(path) else None
+
+
+def paired(per_seed: dict, a: str, b: str, mode: str, metric: str, seeds) -> dict | None:
+    """``a`` minus ``b`` on ``seeds`` (those every arm finished): mean, Wilcoxon, paired t and the MDD (fractions)."""
+    shared = sorted(set(seeds) & set(per_seed.get(a, {})) & set(per_seed.get(b, {})))
+    if len(shared) < 3:
+        return None
+    diffs = [per_seed[a][s][mode][metric] - per_seed[b][s][mode][metric] for s in shared]
+    t = stats.paired_t(diffs)
+    mdd = stats.mdd_paired(t["sd"], len(shared)) if t["sd"] == t["sd"] and t["sd"] > 0 else float("nan")
+    return {"seeds": shared, "mean": statistics.mean(diffs), "wilcoxon": stats.wilcoxon_signed_rank(diffs), "t": t,
+            "mdd": mdd, "higher": sum(d > 0 for d in diffs)}
+
+
+def section() -> tuple[str, dict]:
+    start, runs = load()
+    if not runs:
+        return "", {}
+    res: dict = {"check": check_runs(runs, DATA_NAME)}
+    out = [f"**Declared before it ran:** {describe(res['check'])}.\n"]
+    first = _first_start()
+    if start:
+        ho = start["heldout"]
+        line = (f"**The start model** (rebuilt by `claim7.build` in this session): validation pass@1 "
+                f"{pct(start['kept_validation']['pass@1'])} % after chunk {start['kept_chunk']}; held-out pass@1 "
+                f"{pct(ho['pass@1'])} %, pass@8 {pct(ho['pass@8'])} %, maj@8 {pct(ho['maj@8'])} %")
+        if first:
+            fh = first["heldout"]
+            line += (f" (the first design's start model: chunk {first['kept_chunk']}, {pct(fh['pass@1'])} / "
+                     f"{pct(fh['pass@8'])} / {pct(fh['maj@8'])} %: another model, so the two designs are replicates, "
+                     "never pooled)")
+        out.append(line + ".\n")
+    per_seed: dict = defaultdict(dict)
+    for r in runs:
+        per_seed[r["arm"]][r["seed"]] = r
+    arms = [a for a in claim7b.ARMS if a in per_seed]
+    complete = sorted(set.intersection(*(set(per_seed[a]) for a in claim7b.ARMS)) if len(arms) == len(claim7b.ARMS)
+                      else set())
+    res["complete_seeds"] = complete
+    out.append(f"**Runs:** every arm at learning rate {claim7b.LR:g}; seeds finished by every arm: "
+               f"{', '.join(map(str, complete)) or 'none'} (declared: "
+               + "; ".join(f"block {i + 1} seeds {b[0]}-{b[-1]}" for i, b in enumerate(claim7b.SEED_BLOCKS)) + ").\n")
+    frows = []
+    for arm in arms:
+        seeds = per_seed.get(arm)
+        if not seeds:
+            continue
+        rs = [seeds[s] for s in sorted(seeds) if s in complete]
+        if not rs:
+            continue
+        frows.append([claim7b.LABELS[arm], f"{rs[0]['lr']:g}", len(rs),
+                      mean_sd([100 * r["sampled"]["metrics"]["pass@1"] for r in rs]),
+                      mean_sd([100 * r["greedy"]["metrics"]["pass@1"] for r in rs]),
+                      mean_sd([100 * r["sampled"]["metrics"]["pass@8"] for r in rs]),
+                      mean_sd([100 * r["sampled"]["metrics"]["maj@8"] for r in rs]),
+                      mean_sd([100 * r["sampled"]["metrics"].get("format_rate", float("nan")) for r in rs]),
+                      mean_sd([statistics.mean(x["entropy/mean"] for x in r["steps"][-15:]) for r in rs]),
+                      mean_sd([100 * statistics.mean(x.get("gtpo/filtered_frac", 0.0) for x in r["steps"]) for r in rs]),
+                      mean_sd([statistics.mean(x["kl/new_old"] for x in r["steps"] if "kl/new_old" in x) for r in rs])])
+    res["final"] = per_seed
+    if frows:
+        if start:
+            ho = start["heldout"]
+            frows.insert(0, ["start model", "—", "—", pct(ho["pass@1"]), "—", pct(ho["pass@8"]), pct(ho["maj@8"]),
+                             pct(ho.get("format_rate", float("nan"))), "—", "—", "—"])
+        out.append("**Held-out** (500 problems; sampled: 8 samples at temperature 1; greedy: one completion at "
+                   "temperature 0; answers from the `<answer>` tag):\n")
+        out.append(table(["arm", "learning rate", "seeds", "sampled pass@1 %", "greedy pass@1 %", "pass@8 %", "maj@8 %",
+                          "format rate %", "token entropy, last 10 %", "filtered %", "KL(π_new‖π_old) per step"],
+                         frows) + "\n")
+    crows = []
+    for a, b in claim7b.PRIMARY:
+        for mode, metric, name in METRICS:
+            c = paired(per_seed, a, b, mode, metric, complete)
+            if c is None:
+                continue
+            res[(a, b, mode, metric)] = c
+            w = c["wilcoxon"]
+            mark = " **(< 0.0071)**" if (mode, metric) == ("sampled", "pass@1") and w["p"] < claim7b.ALPHA else ""
+            crows.append([f"{claim7b.LABELS[a]} − {claim7b.LABELS[b]}", name, len(c["seeds"]), f"{100 * c['mean']:+.2f}",
+                          f"{c['higher']} of {len(c['seeds'])}", f"W+ = {w['w_plus']:.0f}, p = {fmt_p(w['p'])}{mark}",
+                          f"t = {c['t']['t']:.2f}, p = {fmt_p(c['t']['p'])}", f"{100 * c['mdd']:.2f}"])
+    if crows:
+        out.append(f"**Paired comparisons** (final seeds; primary: sampled pass@1, Bonferroni over the "
+                   f"{len(claim7b.PRIMARY)} primary comparisons, p < {claim7b.ALPHA:.4f}):\n")
+        out.append(table(["difference (points)", "metric", "paired seeds", "mean", "seeds higher", "Wilcoxon signed-rank",
+                          "paired t", "MDD (80 % power, points)"], crows) + "\n")
+    finals = [r for seeds in per_seed.values() for s, r in seeds.items() if s in complete]
+    if len(finals) >= 5:
+        rho = stats.spearman([statistics.mean(x["entropy/mean"] for x in r["steps"][-15:]) for r in finals],
+                             [r["sampled"]["metrics"]["pass@1"] for r in finals])
+        res["entropy_rho"] = rho
+        out.append(f"Across the {len(finals)} final runs, final token entropy and sampled pass@1: Spearman ρ = "
+                   f"{rho['rho']:+.2f} (p = {fmt_p(rho['p'])}).\n")
+    res["verdict"] = verdict(res)
+    return "\n".join(out), res
+
+
+def verdict(res: dict) -> str:
+    """The attribution sentence, by claim7b's declared rule, with every number from the data."""
+    key = ("sampled", "pass@1")
+    need = [(a, b) for a, b in claim7b.PRIMARY]
+    if not all((a, b, *key) in res for a, b in need):
+        missing = [f"{claim7b.LABELS[a]} − {claim7b.LABELS[b]}" for a, b in need if (a, b, *key) not in res]
+        return f"**Not finished:** {len(missing)} of the {len(need)} primary comparisons have no paired finals yet."
+
+    def d(a, b, m=key):
+        c = res[(a, b, *m)]
+        return (f"{100 * c['mean']:+.2f} points (p = {fmt_p(c['wilcoxon']['p'])}, MDD {100 * c['mdd']:.1f})")
+
+    g, r = res[("grpo_gamma", "grpo", *key)], res[("gtpo_gamma0", "grpo", *key)]
+    rule = claim7b.attribution(g["wilcoxon"]["p"], g["mean"], r["wilcoxon"]["p"], r["mean"])
+    tg = res[("gtpo", "grpo", *key)]
+    replic = ("replicates" if tg["wilcoxon"]["p"] < claim7b.ALPHA and tg["mean"] > 0 else "does not replicate")
+    text = (f"**Verdict (the declared rule): {rule}.** On sampled held-out pass@1, official GTPO minus GRPO "
+            f"{d('gtpo', 'grpo')}: the first design's gain {replic} on this rebuilt model. GRPO + gamma minus GRPO "
+            f"{d('grpo_gamma', 'grpo')}; GTPO with gamma 0 minus GRPO {d('gtpo_gamma0', 'grpo')}; GRPO + conflict masks "
+            f"minus GRPO {d('grpo_masks', 'grpo')}. GTPO keeps over GRPO + gamma {d('gtpo', 'grpo_gamma')}, over GRPO + "
+            f"masks {d('gtpo', 'grpo_masks')}, over its own gamma-0 version {d('gtpo', 'gtpo_gamma0')}.")
+    gk = ("greedy", "pass@1")
+    if ("gtpo", "grpo", *gk) in res:
+        text += (f" Greedy pass@1 (secondary): GTPO minus GRPO {d('gtpo', 'grpo', gk)}, GRPO + gamma minus GRPO "
+                 f"{d('grpo_gamma', 'grpo', gk)}, GTPO gamma 0 minus GRPO {d('gtpo_gamma0', 'grpo', gk)}.")
+    if "entropy_rho" in res:
+        text += (f" Final entropy and sampled pass@1 across the final runs: ρ = {res['entropy_rho']['rho']:+.2f} "
+                 f"(p = {fmt_p(res['entropy_rho']['p'])}).")
+    return text + "\n"

@@ -1,0 +1,152 @@
+"""docs/results.md's section on claim 2 under the released optimiser (:mod:`experiments.protocol.stress_opt`),
+with its verdict generated from the data."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+
+from . import stats, stress_opt
+from .common import DATA, read_jsonl_gz
+from .declare import check_runs, describe
+from .report import (critical_lr, critical_lr_ci, critical_ratio_ci, fmt_p, load_stress, pct, stress_outcomes, table)
+
+DATA_NAME = os.path.relpath(stress_opt.DATA_FILE, DATA)
+LABELS = {"grpo": "GRPO, released optimiser", "gtpo_official": "GTPO (official), released optimiser"}
+REF, ARM = "grpo", "gtpo_official"
+
+
+def load() -> tuple[dict | None, list[dict]]:
+    if not os.path.isfile(stress_opt.DATA_FILE):
+        return None, []
+    recs = read_jsonl_gz(stress_opt.DATA_FILE)
+    return next((r for r in recs if r["kind"] == "start"), None), [r for r in recs if r["kind"] == "run"]
+
+
+def _fx(x) -> str:
+    return "> grid" if x is None or x == math.inf else f"x{x:.3g}"
+
+
+def _grid_table(outc: list[dict], lrs: list[float]) -> list[list[str]]:
+    rows = []
+    for arm in (REF, ARM):
+        row = [LABELS[arm]]
+        for f in lrs:
+            xs = [o for o in outc if o["arm"] == arm and o["lr"] == f]
+            times = sorted(o["time"] for o in xs if o["collapsed"])
+            row.append(f"{sum(o['collapsed'] for o in xs)}/{len(xs)}" + (f" (t {statistics.median(times):.0f})" if times else "")
+                       if xs else "—")
+        rows.append(row)
+    return rows
+
+
+def section() -> tuple[str, dict]:
+    start, runs = load()
+    if not runs:
+        return "", {}
+    res: dict = {"check": check_runs(runs, DATA_NAME)}
+    out = [f"**Declared before it ran:** {describe(res['check'])}.\n"]
+    b_start, _ = load_stress("b")
+    if start:
+        line = (f"**Replicate c** (replicate b's recipe rebuilt in this session): sampled at temperature 1 it writes the "
+                f"systematic error on {pct(start['error_rate_error_prompts'])} % of the error-prompt samples and "
+                f"{pct(start['error_rate_other'])} % of the others, mean token entropy "
+                f"{start['entropy_other']:.3f} on the others")
+        if b_start:
+            line += (f" (replicate b: {pct(b_start['error_rate_error_prompts'])} %, {pct(b_start['error_rate_other'])} %, "
+                     f"{b_start['entropy_other']:.3f}: another model, so optimiser comparisons across the two are "
+                     "descriptive only)")
+        out.append(line + ".\n")
+    pilot = stress_outcomes([r for r in runs if r["phase"] == "pilot"])
+    main = stress_outcomes([r for r in runs if r["phase"] == "main"])
+    res["pilot"], res["main"] = pilot, main
+    if pilot:
+        plrs = sorted({o["lr"] for o in pilot})
+        out.append("*Pilot (seeds " + ", ".join(map(str, stress_opt.PILOT_SEEDS)) + "): runs collapsed per rate (median "
+                   "step of collapse).*\n")
+        out.append(table(["arm"] + [f"lr x{f:g}" for f in plrs], _grid_table(pilot, plrs)) + "\n")
+        by_f: dict = {}
+        for o in pilot:
+            by_f.setdefault(o["lr"], []).append(o["collapsed"])
+        full = len(stress_opt.ARMS) * len(stress_opt.PILOT_SEEDS)
+        if all(len(v) == full for v in by_f.values()) and stress_opt.pilot_factors(by_f) == sorted(by_f):
+            try:
+                res["main_grid"] = stress_opt.main_grid(by_f)
+                out.append("Main grid by the declared rule (`stress_opt.main_grid`): "
+                           + ", ".join(f"x{f:g}" for f in res["main_grid"]) + ".\n")
+            except ValueError as err:
+                out.append(f"No main grid: {err}.\n")
+    if main:
+        lrs = sorted({o["lr"] for o in main})
+        rows = _grid_table(main, lrs)
+        for row, arm in zip(rows, (REF, ARM)):
+            crit = critical_lr(main, arm, lrs)
+            lo, hi = critical_lr_ci(main, arm, lrs)
+            res[("crit", arm)] = (crit, lo, hi)
+            row.append(f"{_fx(crit)} [{_fx(lo)}, {_fx(hi)}]")
+        if res[("crit", REF)][0] is not None and res[("crit", ARM)][0] is not None:
+            ratio = res[("crit", ARM)][0] / res[("crit", REF)][0]
+            rlo, rhi = critical_ratio_ci(main, ARM, REF, lrs)
+            res["ratio"] = (ratio, rlo, rhi)
+            rows[1].append(f"{ratio:.2f} [{rlo:.2f}, {'∞' if rhi == math.inf else f'{rhi:.2f}'}]")
+        else:
+            rows[1].append("—")
+        rows[0].append("—")
+        out.append("*Main grid (seeds " + ", ".join(map(str, sorted({o['seed'] for o in main}))) + "): runs collapsed "
+                   "(median step of collapse), critical rate (95 % bootstrap) and GTPO's divided by GRPO's.*\n")
+        out.append(table(["arm"] + [f"lr x{f:g}" for f in lrs] + ["critical lr", "÷ GRPO's"], rows) + "\n")
+        both = [o for o in main if o["arm"] in (REF, ARM)]
+        lr_res = stats.logrank([o["time"] for o in both], [int(o["collapsed"]) for o in both], [o["arm"] for o in both],
+                               strata=[o["lr"] for o in both])
+        res["logrank"] = lr_res
+        prow = []
+        for f in lrs:
+            ca = sum(o["collapsed"] for o in both if o["arm"] == ARM and o["lr"] == f)
+            cg = sum(o["collapsed"] for o in both if o["arm"] == REF and o["lr"] == f)
+            na = sum(1 for o in both if o["arm"] == ARM and o["lr"] == f)
+            ng = sum(1 for o in both if o["arm"] == REF and o["lr"] == f)
+            fisher = stats.fisher_exact(ca, na - ca, cg, ng - cg)
+            ea = [o["entropy_ratio"] for o in both if o["arm"] == ARM and o["lr"] == f]
+            eg = [o["entropy_ratio"] for o in both if o["arm"] == REF and o["lr"] == f]
+            mw = stats.mann_whitney(ea, eg) if ea and eg else None
+            res[("rate", f)] = {"fisher": fisher, "collapsed": (ca, na, cg, ng), "mw": mw,
+                                "entropy": (statistics.median(ea), statistics.median(eg))}
+            prow.append([f"x{f:g}", f"{ca}/{na} vs {cg}/{ng}", f"p = {fmt_p(fisher)}",
+                         f"{statistics.median(ea):.2f} vs {statistics.median(eg):.2f}" + (f" (p {fmt_p(mw['p'])})" if mw else ""),
+                         f"{statistics.median(o['kl'] for o in both if o['arm'] == ARM and o['lr'] == f):.2e} vs "
+                         f"{statistics.median(o['kl'] for o in both if o['arm'] == REF and o['lr'] == f):.2e}"])
+        out.append(f"*GTPO vs GRPO: log-rank stratified by rate (primary) χ² = {lr_res['chi2']:.2f}, p = "
+                   f"{fmt_p(lr_res['p'])}; per rate: collapses (Fisher), median entropy rise (Mann-Whitney), median "
+                   "KL(π_new‖π_old) per step over steps 1-10.*\n")
+        out.append(table(["rate", "collapsed, GTPO vs GRPO", "Fisher", "entropy rise", "KL per step"], prow) + "\n")
+    res["verdict"] = verdict(res)
+    return "\n".join(out), res
+
+
+def verdict(res: dict) -> str:
+    if "logrank" not in res:
+        return "**Not finished:** the main grid has no runs yet.\n"
+    lr = res["logrank"]
+    gi = lr["groups"].index(ARM)
+    later = lr["observed"][gi] < lr["expected"][gi]
+    sig = lr["p"] < 0.05
+    crit_g, crit_t = res[("crit", REF)], res[("crit", ARM)]
+    head = ("official GTPO collapses later than GRPO" if sig and later else
+            "official GTPO collapses earlier than GRPO" if sig else "no difference in time to collapse shown")
+    text = (f"**Verdict: {head}** under the released optimiser (log-rank stratified by rate, p = {fmt_p(lr['p'])}; "
+            f"GTPO {lr['observed'][gi]:.0f} collapses observed against {lr['expected'][gi]:.1f} expected). Critical rates: "
+            f"GRPO {_fx(crit_g[0])} [{_fx(crit_g[1])}, {_fx(crit_g[2])}], official GTPO {_fx(crit_t[0])} "
+            f"[{_fx(crit_t[1])}, {_fx(crit_t[2])}]")
+    if "ratio" in res:
+        r, lo, hi = res["ratio"]
+        text += (f"; GTPO's divided by GRPO's {r:.2f} [95 % bootstrap {lo:.2f}, {'∞' if hi == math.inf else f'{hi:.2f}'}]"
+                 + (", an interval that excludes 1" if lo > 1 or hi < 1 else ", an interval that contains 1"))
+    _, b_runs = load_stress("b")
+    if b_runs:
+        bo = stress_outcomes(b_runs)
+        blrs = sorted({o["lr"] for o in bo})
+        bg, bt = critical_lr(bo, "grpo", blrs), critical_lr(bo, "gtpo_official", blrs)
+        text += (f". For scale (another model, descriptive): with the protocol's AdamW (0.9, 0.999), clip 1.0 and a "
+                 f"constant rate, replicate b's critical rates were GRPO {_fx(bg)} and official GTPO {_fx(bt)}")
+    return text + ".\n"
