@@ -38,7 +38,7 @@ def test_two_process_ddp(tiny_model_path, tmp_path):
         assert torch.equal(w0[name], w1[name]), f"processes diverged on {name}"
     lines = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
     assert [l["step"] for l in lines] == [1, 2, 3]  # written once, by the main process
-    assert os.path.isfile(os.path.join(out, "checkpoint-2", "trainer_state.json"))
+    assert os.path.isfile(os.path.join(out, "checkpoint-2", "gtpo_trainer_state.json"))
     assert os.path.isfile(os.path.join(out, "model.safetensors"))
     # the weights moved away from the initial model
     from transformers import AutoModelForCausalLM

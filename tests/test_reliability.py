@@ -24,7 +24,9 @@ import yaml
 from gtpo import GTPOConfig, GTPOTrainer
 from gtpo.checkpoint import atomic_write, commit, list_checkpoints, read_state, remove_checkpoint, rotate, write_json_atomic
 from gtpo.errors import CheckpointError
-from gtpo.cli import ConfigError, main, split_spec
+from gtpo.app import split_spec
+from gtpo.cli import main
+from gtpo.errors import ConfigError
 from gtpo.errors import RewardFunctionError, TrainingStopped
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -603,11 +605,13 @@ def test_resume_errors_name_the_checkpoint_and_the_alternatives(tiny_model_path,
     cfg = config(tmp_path, max_steps=2, save_steps=1)
     GTPOTrainer(tiny_model_path, digit_reward, rows(), args=cfg).train()
     out = cfg.output_dir
+    os.remove(os.path.join(out, "model.safetensors"))  # as if killed before its final save (a finished run is
+    os.remove(os.path.join(out, "config.json"))        # not resumed: test_resuming_a_finished_run_is_refused)
     trainer = GTPOTrainer(tiny_model_path, digit_reward, rows(), args=cfg)
     with pytest.raises(ValueError, match=r"'/nowhere' is not a directory; the newest complete checkpoint of "
                                          r"output_dir is .*checkpoint-2"):
         trainer.train(resume_from_checkpoint="/nowhere")
-    with pytest.raises(ValueError, match=r"is not a complete checkpoint \(no trainer_state.json\)\. It holds "
+    with pytest.raises(ValueError, match=r"is not a complete checkpoint \(no gtpo_trainer_state.json\)\. It holds "
                                          r"checkpoints; the newest complete one is .*checkpoint-2"):
         trainer.train(resume_from_checkpoint=out)
     # a damaged newest checkpoint (e.g. a disk error after it was written): the message names the other one

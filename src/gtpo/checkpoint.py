@@ -10,12 +10,14 @@ Layout of ``output_dir``::
     checkpoint-<step>/          complete checkpoints (the rename is the commit point)
         model files             save_pretrained of the model (or the peft adapter) + tokenizer
         optimizer.pt scheduler.pt rng_state_<rank>.pth
-        trainer_state.json      written last inside the temporary directory
+        gtpo_trainer_state.json written last inside the temporary directory (gtpo's own schema, so
+                                not Hugging Face's trainer_state.json name; older checkpoints that
+                                used that name are still read)
     .tmp-checkpoint-<step>/     a checkpoint being written; never loaded, removed on the next start
     .tmp-checkpoint-removing-*  a checkpoint being deleted (rotation, overwrite); removed likewise
 
 A checkpoint counts as complete only when its directory has the final name *and* holds
-``trainer_state.json``; a kill at any moment leaves either the previous complete checkpoints
+its state file; a kill at any moment leaves either the previous complete checkpoints
 untouched or a temporary directory that resume ignores. Deleting goes the other way: a
 checkpoint is first renamed out of the ``checkpoint-<step>`` namespace, then removed, so a kill
 in the middle of a deletion never leaves a half-deleted directory that looks complete.
@@ -36,7 +38,9 @@ from .errors import CheckpointError
 
 logger = logging.getLogger("gtpo")
 
-STATE_FILE = "trainer_state.json"
+STATE_FILE = "gtpo_trainer_state.json"
+#: the state file's name in checkpoints written before it was renamed (read, never written)
+LEGACY_STATE_FILE = "trainer_state.json"
 _ATOMIC_TEMP = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")  # atomic_write's temporary files
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 TMP_PREFIX = ".tmp-checkpoint-"
@@ -97,7 +101,7 @@ def list_checkpoints(output_dir: str) -> list[tuple[int, str]]:
     for name in os.listdir(output_dir):
         match = _CKPT.match(name)
         path = os.path.join(output_dir, name)
-        if match and os.path.isfile(os.path.join(path, STATE_FILE)):
+        if match and _state_path(path) is not None:
             found.append((int(match.group(1)), path))
     return sorted(found)
 
@@ -175,9 +179,10 @@ def _numpy_globals() -> list:
     return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
-def load_torch_file(path: str) -> Any:
+def load_torch_file(path: str, map_location: Any = "cpu") -> Any:
     """``torch.load`` a checkpoint file with ``weights_only=True``: tensors, numbers, strings,
-    containers and numpy arrays only.
+    containers and numpy arrays only; its tensors land on ``map_location`` (default the CPU: not the
+    device they were saved from, which on a GPU run is the main process's GPU for every process).
 
     Unpickling anything else could run arbitrary code from a checkpoint someone else wrote, so a
     file holding other Python objects is refused with a ``ValueError`` that names it.
@@ -188,7 +193,7 @@ def load_torch_file(path: str) -> Any:
 
     try:
         with torch.serialization.safe_globals(_numpy_globals()):
-            return torch.load(path, weights_only=True)
+            return torch.load(path, weights_only=True, map_location=map_location)
     except pickle.UnpicklingError as err:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
         what = f" (it holds {found.group(1)})" if found else ""
@@ -227,10 +232,38 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def read_state(checkpoint_dir: str) -> dict[str, Any]:
-    """The ``trainer_state.json`` of a checkpoint; ValueError naming the path if absent or unreadable."""
+def _state_path(checkpoint_dir: str) -> str | None:
+    """The state file of a gtpo checkpoint (:data:`STATE_FILE`, or :data:`LEGACY_STATE_FILE` of an older one), or
+    None. A ``trainer_state.json`` in Hugging Face's schema (``log_history``: a checkpoint of TRL's engine) is not
+    gtpo's."""
     path = os.path.join(checkpoint_dir, STATE_FILE)
-    if not os.path.isfile(path):
+    if os.path.isfile(path):
+        return path
+    legacy = os.path.join(checkpoint_dir, LEGACY_STATE_FILE)
+    if os.path.isfile(legacy) and not _hf_trainer_state(legacy):
+        return legacy
+    return None
+
+
+def _hf_trainer_state(path: str) -> bool:
+    """Whether ``path`` is a Hugging Face ``TrainerState`` file (it has ``log_history``)."""
+    try:
+        with open(path) as fh:
+            return "log_history" in json.load(fh)
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def read_state(checkpoint_dir: str) -> dict[str, Any]:
+    """The gtpo state file of a checkpoint; ValueError naming the path if absent or unreadable."""
+    path = _state_path(checkpoint_dir)
+    if path is None:
+        legacy = os.path.join(checkpoint_dir, LEGACY_STATE_FILE)
+        if os.path.isfile(legacy):
+            raise ValueError(
+                f"{checkpoint_dir} is a checkpoint of TRL's engine (Hugging Face's {LEGACY_STATE_FILE}), not of gtpo's "
+                "trainer: resume it with the same engine (engine: trl, --engine trl)"
+            )
         hint = ""
         newest = latest_checkpoint(checkpoint_dir)
         if newest is not None:  # an output_dir was given instead of one of its checkpoints
@@ -338,6 +371,39 @@ def truncate_jsonl(path: str, step: int) -> None:
 
 # files of a run in output_dir (what "output_dir already holds a run" means, and what overwriting removes)
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "run_config.json", "summary.json")
+
+
+def final_model_file(output_dir: str) -> str | None:
+    """The file that marks a final model in ``output_dir`` (``config.json`` or ``adapter_config.json``), or None."""
+    for name in _MODEL_MARKERS:  # moved into place last: present only next to complete weights
+        path = os.path.join(output_dir, name)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def completed_a_step(output_dir: str) -> bool:
+    """Whether the run in ``output_dir`` completed a training step: it has a checkpoint (complete or not), a
+    final model, ``summary.json``, or a ``metrics.jsonl`` line of a step >= 1 (a line of step 0, the probes
+    before training, is not one)."""
+    if not os.path.isdir(output_dir):
+        return False
+    names = os.listdir(output_dir)
+    if any(n.startswith(("checkpoint-", TMP_PREFIX)) for n in names) or "summary.json" in names \
+            or final_model_file(output_dir) is not None:
+        return True
+    path = os.path.join(output_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as fh:
+        for line in fh:
+            try:
+                step = json.loads(line).get("step", 0)
+            except (ValueError, AttributeError):
+                continue  # a line cut by a kill, or not an object
+            if isinstance(step, (int, float)) and step >= 1:
+                return True
+    return False
 RESUME_HINT = "resume with resume_from_checkpoint=True (gtpo train ... --resume_from_checkpoint true)"
 
 
@@ -399,13 +465,34 @@ class RunDirectory:
     def prepare(self, *, resuming: bool, overwrite: bool) -> None:
         """Refuse an output_dir holding another run unless resuming or overwriting (whose run files and
         checkpoints are then removed); create it; remove what a killed run left (temporary checkpoints,
-        a half-moved final model, half-written logs)."""
+        a half-moved final model, half-written logs).
+
+        The files of an earlier attempt that never completed a step (it failed while starting: a bad
+        reward function, a model that does not fit) are not a run: they are replaced without
+        ``overwrite``. Resuming a finished run (its final model is in ``output_dir``) is refused unless
+        ``overwrite``: it would train again from a checkpoint and replace that model; the message says
+        how to continue it into a new ``output_dir``."""
         acc, out = self.acc, self.output_dir
         if os.path.exists(out) and not os.path.isdir(out):
             raise ValueError(f"output_dir {out!r} exists and is not a directory; choose another output_dir")
+        final = final_model_file(out)
+        if resuming and final is not None and not overwrite:
+            newest = latest_checkpoint(out)
+            how = (f"resume into a new output_dir from its checkpoint: --output_dir <new dir> --resume_from_checkpoint "
+                   f"{newest} (output_dir=..., resume_from_checkpoint={newest!r})" if newest else
+                   "start a new run in another output_dir (this run saved no checkpoint)")
+            raise ValueError(
+                f"output_dir {out!r} holds a finished run (its final model: {final}); resuming would train it again "
+                f"from a checkpoint and replace that model. To train it further, {how}; or set "
+                "overwrite_output_dir=True (--overwrite) to replace the final model"
+            )
         existing = []
         if not resuming and os.path.isdir(out):
             existing = [n for n in os.listdir(out) if n in RUN_FILES or n.startswith("checkpoint-")]
+        if existing and not overwrite and not completed_a_step(out):
+            logger.info("output_dir %s holds the files of an attempt that completed no step (%s): replacing them",
+                        out, ", ".join(sorted(existing)))
+            overwrite = True
         if existing and not overwrite:
             raise ValueError(
                 f"output_dir {out!r} already holds a run ({', '.join(sorted(existing)[:3])}); "
@@ -548,7 +635,8 @@ class RunDirectory:
         rng = os.path.join(path, f"rng_state_{self.acc.process_index}.pth")
         try:
             load_weights(model, path, peft=peft)
-            optimizer.load_state_dict(load_torch_file(os.path.join(path, "optimizer.pt")))
+            # straight onto this process's device (the main process saved it from its own GPU)
+            optimizer.load_state_dict(load_torch_file(os.path.join(path, "optimizer.pt"), map_location=self.acc.device))
             scheduler.load_state_dict(load_torch_file(os.path.join(path, "scheduler.pt")))
             rng_states = load_torch_file(rng) if os.path.isfile(rng) else None
         except Exception as err:  # noqa: BLE001 -- name the checkpoint and the alternatives
