@@ -338,7 +338,7 @@ def test_local_file_prompt_column_kept_verbatim(tmp_path):
 @pytest.mark.parametrize(
     "rows, kwargs, message",
     [
-        ([{"question": "q"}], {}, r"bad\.jsonl: missing column 'answer'; columns found: \['question'\]"),
+        ([{"question": "q"}], {}, r"bad\.jsonl: missing column 'answer' \(or 'solution'\); columns found: \['question'\]"),
         ([{"text": "q", "answer": "1"}], {}, r"bad\.jsonl: missing column 'question' \(or 'prompt'\)"),
         ([{"q": "q", "answer": "1"}], {"columns": {"question": "qq"}},
          r"bad\.jsonl: missing column 'qq' \(mapped to 'question'"),

@@ -307,10 +307,15 @@ def _read_file(path: Path):
         )
     if not path.is_file():
         raise ValueError(f"{path}: file not found")
+    with open(path, "rb") as fh:
+        head = fh.read(65536)
+    if not head.strip() and path.stat().st_size <= len(head):  # nothing but whitespace
+        raise ValueError(f"{path}: the file is empty (no rows)")
     try:
         return datasets.load_dataset(builder, data_files=str(path), split="train")
     except Exception as exc:
-        raise ValueError(f"{path}: could not read it as {builder}: {exc}") from exc
+        reason = str(exc).strip() or type(exc).__name__
+        raise ValueError(f"{path}: could not read it as {builder}: {reason}") from exc
 
 
 def _load_raw(source: HubSource, config: str | None, hub_split: str, path: str | Path | None):
@@ -555,6 +560,11 @@ def _question_of_prompt(prompt: Any) -> str | None:
 
 def _load_file_task(path: Path, columns: Mapping[str, str] | None) -> tuple[list[dict], bool]:
     """Rows of a local file; returns (rows, has_prompt) where has_prompt = prompt kept as is."""
+    _check_column_keys(columns)
+    return _rows_of(_read_file(path), str(path), columns)
+
+
+def _check_column_keys(columns: Mapping[str, str] | None) -> None:
     mapping = dict(columns or {})
     unknown = [k for k in mapping if k not in _COLUMN_KEYS]
     if unknown:
@@ -563,7 +573,17 @@ def _load_file_task(path: Path, columns: Mapping[str, str] | None) -> tuple[list
             f"got {unknown}; map them to your file's columns, e.g. "
             "columns={'question': 'my_q', 'answer': 'my_a'}"
         )
-    raw = _read_file(path)
+
+
+def _rows_of(raw, path: str, columns: Mapping[str, str] | None) -> tuple[list[dict], bool]:
+    """The rows of a raw ``datasets.Dataset`` (a local file, a dataset directory, a hub dataset) in the normalised
+    format; ``path`` names the source in messages. Returns ``(rows, has_prompt)``.
+
+    Columns (``columns`` maps these names to the source's): ``question`` or ``prompt`` (kept as is), ``answer``;
+    without an ``answer`` column, the answer is read from ``solution`` (TRL's datasets: its last ``\\boxed{}``,
+    else the whole text). A column mapped to two names (``{answer: solution}``) is kept under both.
+    """
+    mapping = dict(columns or {})
     found = list(raw.column_names)
     for key, column in mapping.items():
         if column not in found:
@@ -577,17 +597,21 @@ def _load_file_task(path: Path, columns: Mapping[str, str] | None) -> tuple[list
             f"{path}: missing column 'question' (or 'prompt'); columns found: {found}. "
             "Map yours with columns={'question': '<your column>'}"
         )
-    if col["answer"] not in found:
+    answer_from_solution = col["answer"] not in found and col["solution"] in found
+    if col["answer"] not in found and not answer_from_solution:
         raise ValueError(
-            f"{path}: missing column 'answer'; columns found: {found}. "
+            f"{path}: missing column 'answer' (or 'solution'); columns found: {found}. "
             "Map yours with columns={'answer': '<your column>'}"
         )
     has_question = col["question"] in found
     has_prompt = col["prompt"] in found
-    renamed = {col[k]: k for k in _COLUMN_KEYS if col[k] in found}
     rows: list[dict] = []
     for i, raw_row in enumerate(raw.to_list()):
-        row = {renamed.get(k, k): v for k, v in raw_row.items()}
+        row = {k: v for k, v in raw_row.items() if k not in {col[key] for key in _COLUMN_KEYS}}
+        row.update({key: raw_row[col[key]] for key in _COLUMN_KEYS if col[key] in found})
+        if answer_from_solution:
+            solution = row["solution"]
+            row["answer"] = (extract_boxed_answer(solution) or solution) if isinstance(solution, str) else solution
         if has_prompt:
             prompt = row["prompt"]
             valid = (isinstance(prompt, str) and prompt.strip()) or (
@@ -607,12 +631,55 @@ def _load_file_task(path: Path, columns: Mapping[str, str] | None) -> tuple[list
         _check_question(str(path), i, row["question"])
         gold = _normalise_answer(row["answer"])
         if gold is None:
-            raise _row_error(str(path), i, f"column {col['answer']!r} is empty")
+            what = col["solution"] if answer_from_solution else col["answer"]
+            raise _row_error(str(path), i, f"column {what!r} is empty")
         row["answer"] = gold
         rows.append(row)
     if not rows:
-        raise ValueError(f"{path}: the file has no rows")
+        raise ValueError(f"{path}: no rows")
     return rows, has_prompt
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    """Whether ``path`` was written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``."""
+    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+
+
+def _load_dataset_source(name: str, split: str, config: str | None):
+    """The raw rows of a dataset that is neither a built-in task nor a single file: a directory
+    (``save_to_disk`` output, or files laid out like a hub repository: parquet/jsonl/... named after
+    their split) or a hub dataset id (``org/name``), as ``datasets.load_dataset(name, config, split=split)``
+    loads it. A directory holding one dataset without splits is the data whatever ``split`` says."""
+    import datasets
+
+    local = Path(name)
+    if local.is_dir() and _is_saved_dataset(local):
+        try:
+            data = datasets.load_from_disk(str(local))
+        except Exception as exc:
+            raise ValueError(f"{name}: could not load the saved dataset: {str(exc).strip() or type(exc).__name__}") \
+                from exc
+        if isinstance(data, datasets.DatasetDict):
+            if split not in data:
+                raise ValueError(f"split: {name} has splits {sorted(data)}, got {split!r}")
+            return data[split]
+        return data
+    try:
+        return datasets.load_dataset(name, config, split=split)
+    except ValueError as exc:  # e.g. an unknown split or config: datasets says which exist
+        raise ValueError(f"{name}: {str(exc).strip() or type(exc).__name__}") from exc
+    except Exception as exc:  # offline, not found, network errors
+        where = "the local directory" if local.is_dir() else "the Hugging Face hub"
+        hint = ("" if local.is_dir() else " Offline (HF_DATASETS_OFFLINE=1) only datasets already in the cache "
+                "load: download it where the hub is reachable (datasets.load_dataset(...).save_to_disk(DIR)) and "
+                "give DIR, or a .parquet/.jsonl file")
+        raise ValueError(f"could not load dataset {name!r} (config {config}, split {split!r}) from {where}: "
+                         f"{str(exc).strip() or type(exc).__name__}.{hint}") from exc
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
 
 
 # ---------------------------------------------------------------------------------------
@@ -743,11 +810,32 @@ def _unknown_task_error(name: Any) -> ValueError:
         else "reasoning-gym tasks (not available: pip install reasoning-gym)"
     )
     return ValueError(
-        f"name: unknown task {name!r}; known tasks: {list(KNOWN_TASKS)}, {rg_note}, or a local "
-        f"file ending in {sorted(FILE_EXTENSIONS)}"
+        f"name: unknown task {name!r}; known tasks: {list(KNOWN_TASKS)}, {rg_note}, a local "
+        f"file ending in {sorted(FILE_EXTENSIONS)}, a dataset directory, or a hub dataset id 'org/name'"
     )
 
 
+def _without_progress_bars(func):
+    """``func`` with ``datasets``' progress bars off while it runs ("Generating train split", "Map"): reading a
+    small local file is not work the user waits for; the previous setting is restored afterwards."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        from datasets.utils import logging as ds_logging
+
+        was_enabled = ds_logging.is_progress_bar_enabled()
+        ds_logging.disable_progress_bar()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if was_enabled:
+                ds_logging.enable_progress_bar()
+
+    return wrapper
+
+
+@_without_progress_bars
 def load_task(
     name: str,
     *,
@@ -758,6 +846,7 @@ def load_task(
     system_prompt: str | None = None,
     path: str | Path | None = None,
     columns: Mapping[str, str] | None = None,
+    config: str | None = None,
     **task_kwargs: Any,
 ):
     """Load a task as a ``datasets.Dataset`` of normalised examples (see the module docstring).
@@ -765,8 +854,12 @@ def load_task(
     Args:
         name: a hub benchmark (``"gsm8k"``, ``"math"``, ``"math500"``, ``"aime24"``,
             ``"aime25"``, ``"amc23"``, ``"mmlu"``; see :data:`HUB_IDS`), a reasoning-gym task
-            (``"rg:<task>"`` or a bare name such as ``"basic_arithmetic"``), or a local file
-            path ending in ``.jsonl``/``.json``/``.parquet``/``.csv``.
+            (``"rg:<task>"`` or a bare name such as ``"basic_arithmetic"``), a local file
+            path ending in ``.jsonl``/``.json``/``.parquet``/``.csv``, a local dataset
+            directory (``save_to_disk`` output, or parquet/jsonl files named after their
+            split, as in a hub repository), or any hub dataset id ``org/name`` (TRL's
+            ``dataset_name``; offline only from the cache). Directories and hub datasets
+            are read like local files (columns below).
         split: ``"train"``/``"test"`` (hub benchmarks: their hub splits, see
             :data:`HUB_IDS`; local files ignore it: the file is the data).
         size: hub/files: keep the first ``size`` rows after a shuffle seeded by ``seed``
@@ -779,7 +872,9 @@ def load_task(
         path: hub benchmarks only: a local copy in the hub's format (a directory laid out
             like the hub repository, or one file with the requested split) used instead of
             the hub id.
-        columns: local files only: ``{"question"|"prompt"|"answer"|"solution": file_column}``.
+        columns: local files, directories and hub ids:
+            ``{"question"|"prompt"|"answer"|"solution": file_column}``.
+        config: directories and hub ids: the dataset config (TRL's ``dataset_config``).
         task_kwargs: reasoning-gym: the task's config keywords, passed to
             ``reasoning_gym.create_dataset(task, size=..., seed=..., **task_kwargs)`` (e.g.
             ``min_terms=2, max_terms=2, max_digits=2, operators=["+", "-"]`` for
@@ -799,8 +894,10 @@ def load_task(
           the two splits also use different seed streams, and "test" drops duplicates.
           ``answer`` is the task's string answer, ``rg_entry`` its entry as JSON (for
           ``gtpo.rewards.reasoning_gym_reward``), ``rg_config`` the task keywords as JSON.
-        * Local files: columns ``question`` (or ``prompt``: a string or a list of messages,
-          kept as is) and ``answer``; other columns are kept (they reach reward functions).
+        * Local files, directories, hub ids: columns ``question`` (or ``prompt``: a string or a
+          list of messages, kept as is) and ``answer``; without ``answer``, the answer is the
+          last ``\\boxed{}`` of ``solution`` (else all of it), as in TRL's datasets whose rewards
+          read ``solution``; other columns are kept (they reach reward functions).
           Numeric answers become strings (``27.0`` -> ``"27"``).
 
     Raises:
@@ -825,6 +922,8 @@ def load_task(
     lower = key.lower()
 
     keep_prompt = False
+    if config is not None and (lower in HUB_IDS or any(lower.endswith(ext) for ext in FILE_EXTENSIONS)):
+        raise ValueError(f"config: only for dataset directories and hub ids, not {key!r}")
     if any(lower.endswith(ext) for ext in FILE_EXTENSIONS):
         if path is not None and Path(path) != Path(key):
             raise ValueError(
@@ -849,7 +948,17 @@ def load_task(
         rows = _load_hub_task(lower, split, path, subjects)
         task_name = lower
         rows = _subsample(rows, size, seed)
+    elif not lower.startswith("rg:") and (Path(key).is_dir() or _looks_like_hub_id(key)):
+        if task_kwargs or path is not None:
+            raise ValueError(f"unexpected keyword(s) {sorted(task_kwargs) + (['path'] if path else [])} for the "
+                             f"dataset {key!r}")
+        _check_column_keys(columns)
+        rows, keep_prompt = _rows_of(_load_dataset_source(key, split, config), key, columns)
+        task_name = Path(key).name
+        rows = _subsample(rows, size, seed)
     else:
+        if config is not None:
+            raise ValueError(f"config: only for dataset directories and hub ids, not {key!r}")
         rg_name = key[3:] if lower.startswith("rg:") else key
         if not lower.startswith("rg:") and rg_name not in _reasoning_gym_tasks():
             raise _unknown_task_error(name)
