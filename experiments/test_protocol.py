@@ -527,3 +527,34 @@ def test_declaration_commit_is_checked_against_git():
         declare.check_runs([dict(run, declared_at=at - 5)], "f", use_git=True)
     with pytest.raises(SystemExit, match="not in this branch's history"):
         declare.check_runs([dict(run, declared_in="0" * 40)], "f", use_git=True)
+
+
+def test_hand_written_verdicts_are_tied_to_their_data():
+    """The hand-written prose renders only while its data files have the digests it was written against."""
+    from experiments.protocol import verdicts
+
+    now = verdicts.data_digests()
+    assert now == verdicts.DIGESTS  # the committed prose was checked against the committed data
+    verdicts.check_hand_written(now)
+    with pytest.raises(SystemExit, match="claim7 changed .*claim7.jsonl.gz"):
+        verdicts.check_hand_written(dict(now, **{"claim7.jsonl.gz": "0" * 16}))
+    with pytest.raises(SystemExit, match="claim1, claim1_design changed"):
+        verdicts.check_hand_written({k: v for k, v in now.items() if k != "onestep/tiny-start-natural.jsonl.gz"})
+
+
+def test_claim1_verdict_follows_the_data():
+    from experiments.protocol import verdicts
+
+    def arm(median, p, n=200):
+        return {"grpo": {"median": median, "frac_neg": 0.5, "n": n, "w0": {"p": p}, "kl": 1.0}}
+
+    key = ("unit", "conflict_pos")
+    res = {("tiny-a-short_neg", *key): arm(-8e-3, 1e-30), ("tiny-a-natural", *key): arm(-1e-5, 0.4),
+           ("tiny-b-natural", *key): arm(+1e-3, 1e-9)}
+    v = verdicts.claim1(res)
+    assert verdicts.label(v) == ("reproduced under an induced premise (shorter wrong completions); in natural groups "
+                                 "GRPO does not lower shared tokens here")
+    res[("tiny-b-natural", *key)] = arm(-2e-4, 1e-4)  # a significant push down in a natural state
+    assert "lowers shared tokens detectably in only 1 of 2 states, by at most 2.0e-04" in verdicts.claim1(res)
+    res[("tiny-a-short_neg", *key)] = arm(-8e-3, 0.2)
+    assert verdicts.label(verdicts.claim1(res)) == "not reproduced under the induced premise"

@@ -799,24 +799,6 @@ def fig_claim7(res: dict) -> str | None:
 # ------------------------------------------------------------------ the document
 #: the human reading of the numbers (edit when the data change); the tables above them are computed
 VERDICTS: dict[str, str] = {
-    "status": (
-        "Item 1 is complete and decides claim 1: at least 200 groups with reward variance in every state of the "
-        "tiny model (the first state after 150 GRPO steps kept 86; its rerun `grpo150b` has 200) and in both "
-        "variants at SmolLM2's start. Item 5 is met on the one-thread runs it was chosen on (the default run "
-        "now uses learning rate 3e-4, was 5e-4; on seeds 0-4 none collapsed and each gained 16.5-36 points) but "
-        "not quite as `scripts/demo.sh` runs it on these machines (two threads: other trajectories of the same "
-        "settings): none collapsed, but seed 0 gained only +8.0 points (the others +24.5 to +29.5). Item 4 is complete: GTPO, GRPO and Dr.GRPO at the default's rate and a fixed-τ arm whose filter "
-        "acts (10-21 % of completions dropped per step), 5 seeds each. Item 2 (claim 2) ran on two stress models: "
-        "an adaptive grid of 162 runs (replicate a: GTPO delays the collapse at x15, log-rank p = 0.0024) and the "
-        "whole declared grid of 540 runs on a rebuilt model (replicate b: every arm at x3-x15, 12 seeds; no arm "
-        "moves the critical rate and the x15 delay does not replicate). "
-        "Item 3 (claim 7 with power) ran: 171 tiny-model runs (about 2.7 CPU-hours with the evaluations, not the "
-        "10 estimated), five arms with 16 paired seeds per arm at each arm's tuned rate: GTPO beats GRPO on held-out pass@1 by "
-        "2.9 points (p = 0.002), not on pass@8. Claim 1 at SmolLM2's start ran on 200 groups with reward variance "
-        "(403 sampled): there the correct completions are the shorter ones, so GRPO already raises the shared "
-        "tokens; with wrong completions made shorter (`short_neg`, 200 groups) GRPO lowers them and the masks "
-        "reverse it. Comparisons between SmolLM2 arms are reported with their tests and "
-        "minimum detectable differences; none is decisive at 5 seeds.\n"),
     "claim1_design": (
         "**Design.** From one saved state (weights and AdamW moments) and one sampled group of G = 8, every arm "
         "takes exactly one update through the trainer's own code; the state is restored between arms, so the "
@@ -844,7 +826,7 @@ VERDICTS: dict[str, str] = {
         "(two-sided α = 0.05; 2.80/√n, Wilcoxon's efficiency 0.955), with SmolLM2's 200 groups 0.20; with the 86 groups that had reward "
         "variance after 150 GRPO steps (of 260 sampled), 0.31 (the rerun `grpo150b`: 200 of 411, 0.20).\n"),
     "claim1": (
-        "**Verdict: reproduced as a mechanism, where the paper's premise holds.** When wrong completions are "
+        "**The induced premise on the tiny model.** When wrong completions are "
         "shorter than correct ones (`short_neg`), GRPO pushes the shared tokens of the correct completions "
         "down: at the pretrained state in 92 % of groups (equal step size; median −8.5e−3 nats per token, "
         "Wilcoxon p = 1.4e−37) and 95 % at equal learning rate (p = 2.3e−39); after 150 GRPO steps in 85 % "
@@ -903,18 +885,8 @@ VERDICTS: dict[str, str] = {
         "SmolLM2 (below) it did not prevent a collapse at lr 5e-4 (1 of 5 seeds) and at lr 3e-4 it was not "
         "needed (0 of 5 collapsed with the shift on every group), so the default keeps the paper's rule.\n"),
     "claim2": (
-        "**Verdict over both replicates: not reproduced at this scale. GTPO does not stay stable where GRPO "
-        "collapses, and no component of it moves the learning rate at which collapses start.** The grid ran on "
-        "two stress models made by the same build in two sessions (they measure differently, so they are "
-        "reported side by side, never pooled). On replicate b, where every arm ran at every rate (x3-x15, 12 "
-        "seeds), each arm's critical rate divided by GRPO's has a 95 % bootstrap interval containing 1 (official "
-        "preset 0.94 [0.76, 1.46], paper preset 1.00 [0.80, 1.55], masks only 1.00 [0.54, 1.48]), and at x15 "
-        "official GTPO collapsed on 12 of 12 seeds like GRPO (log-rank p = 0.92). The one significant result of "
-        "replicate a, official GTPO collapsing later than GRPO at x15 (p = 0.0024), does not replicate. What "
-        "replicates on both is part of the paper's mechanism: the arms with conflict masks let the token entropy "
-        "rise less than GRPO (replicate b: lower median rise in all 25 (arm, rate) cells of the five arms with "
-        "masks; x15: paper preset 1.23x vs GRPO 1.98x, Mann-Whitney p = 0.0029; GRPO + filter + γ, without "
-        "masks, 1.67x, p = 0.67), but here the lower entropy does not buy stability.\n\n"
+        "The grid ran on two stress models made by the same build in two sessions (they measure differently, so "
+        "they are reported side by side, never pooled).\n\n"
         "**Design (replicate a).** The stress model (`experiments/protocol/stress.py`): the tiny model fine-tuned (600 SFT "
         "steps) so that on prompts whose third operand is 7-9 it ends with \"The answer is N.\" instead of the "
         "answer block (paper reward ≤ 1 instead of 10-20): sampled at temperature 1 it does so on 85.1 % of "
@@ -959,12 +931,12 @@ VERDICTS: dict[str, str] = {
         "result, when this model collapsed at x6.5 already (GRPO 2 of 6 then); 540 runs of 40 steps (median 18 "
         "s wall each, 2.7 CPU-hours in all; two single-thread processes on the 2 cores), same collapse "
         "criterion and analysis.\n\n"
-        "**Verdict: nothing protective moves the collapse.** At x3 two of the 108 runs collapsed (paper preset "
+        "**Reading: nothing protective moves the collapse.** At x3 two of the 108 runs collapsed (paper preset "
         "and positive-only, one seed each; GRPO 0 of 12). Critical rates: GRPO x10 [95 % bootstrap x6.5, x11], "
         "official preset x9.4 [x8.4, x11], paper preset x10 [x8.7, x12], masks only x10 [x5.8, x12], filter + γ "
         "x11 [x6.5, x12], γ = 0 x10 [x7.7, x11], γ on varying groups x10 [x8.3, x12]; divided by GRPO's, every "
-        "95 % interval contains 1 (official preset 0.94 [0.76, 1.46]: a critical rate 1.5 times GRPO's is "
-        "excluded). At x15 every arm collapses on 10-12 of 12 "
+        "95 % interval contains 1 (official preset 0.94 [0.76, 1.46]; the upper end moves with the bootstrap's "
+        "seed, see the verdict above). At x15 every arm collapses on 10-12 of 12 "
         "seeds (GRPO and official GTPO 12/12, median step 10 both; log-rank p = 0.92), so replicate a's delay at "
         "x15 (p = 0.0024) does not replicate. Stratified over all rates no arm differs from GRPO (log-rank p = "
         "0.21-1) except the negative-only control, which collapses earlier (p = 0.021; not significant after "
@@ -975,14 +947,16 @@ VERDICTS: dict[str, str] = {
         "first 10 steps (0.185 vs 0.128). Unlike replicate a, positive-only updates collapse earliest (critical "
         "x6.5, ratio 0.65 [0.45, 1.03]; negative-only x7.5, 0.75 [0.57, 1.15]), so the controls do not single "
         "out the negative updates on both models. What does replicate is the entropy: in all 25 (arm, rate) "
-        "cells of the five arms with conflict masks the median entropy rise is below GRPO's (13 of them with "
+        "cells of the five arms with conflict masks the median entropy rise is below GRPO's (14 of them with "
         "Mann-Whitney p < 0.05, uncorrected; x15: masks only 1.41x, paper 1.23x, official 1.68x, γ = 0 1.30x "
         "against GRPO's 1.98x, p = 0.046, 0.0029, 0.046, 0.0061); the arm with filter + γ and no masks is below "
         "GRPO in 2 of 5 cells (x15: 1.67x, p = 0.67). "
         "What would decide the paper's claim (GRPO collapses where GTPO stays stable) is the paper's scale: see "
         "\"What would need a GPU\".\n"),
     "claim7": (
-        "**Design** (`experiments/protocol/claim7.py`, fixed before the final runs). The tiny task's model starts "
+        "**Design** (`experiments/protocol/claim7.py`, fixed before the final runs; not checkable from git: the "
+        "design's commit, 7cfc36e, is 46 minutes older than the results' commit, 23f8683, for about 58 minutes of runs, "
+        "and the runs recorded no start times). The tiny task's model starts "
         "too low (sampled accuracy ~3 %), so its pretraining was continued in chunks of 250 steps on the same noisy "
         "targets and the chunk whose validation pass@1 was closest to 25 % was kept. Splits with disjoint operands: "
         "500 held-out problems (200 of the suite's test split, 238 whose operands appear in no training data, 62 "
@@ -998,16 +972,17 @@ VERDICTS: dict[str, str] = {
         "not the minutes estimated, so the grid, the steps and the seeds were enlarged for every arm before any final "
         "run was read. After GRPO's and GTPO's rates were known, GRPO was also run at GTPO's rate (5e-5) on the same 16 "
         "seeds (exploratory: not declared in advance) to separate the method from the rate.\n\n"
-        "**Verdict: reproduced at small scale, for pass@1; not for pass@k.** At their tuned rates GTPO raises held-out "
+        "**Reading (first design).** At their tuned rates GTPO raises held-out "
         "pass@1 from 26.3 % to 39.5 ± 2.4 % (official preset) and 40.5 ± 3.3 % (paper preset), GRPO to 36.6 ± 1.6 % "
         "DAPO to 37.4 ± 2.9 % and Dr.GRPO to 37.8 ± 2.4 %. Official GTPO minus GRPO: +2.85 points, higher on 12 of the 16 seeds "
         "(Wilcoxon W+ = 111, p = 0.002; t = 4.01, p = 0.0011; MDD 2.1 points), which survives a Bonferroni "
         "correction over the nine pass@1 comparisons of the table (0.05 / 9 = 0.0056); the paper preset minus GRPO "
         "+3.83 (p = 0.00058). Against DAPO the official preset is +2.05 (p = 0.10: no difference shown) and the paper preset "
         "+3.02 (p = 0.0079); against Dr.GRPO the official preset is +1.67 (p = 0.074: no difference shown, MDD 2.5) "
-        "and the paper preset +2.64 (p = 0.018, not significant after the correction). The gain is not only the tuned rate: at the same rate (5e-5) GTPO still beats GRPO "
-        "(official +1.93, Wilcoxon p = 0.034; paper +2.90, p = 0.0027), and there the format rates are equal (94.8-95.1 %), "
-        "so the difference is in the answers, not the tags (at GRPO's own rate 2.5e-5 its format rate is 91.0 %, "
+        "and the paper preset +2.64 (p = 0.018, not significant after the correction). At the same rate (5e-5) the official preset's gain "
+        "over GRPO shrinks to +1.93 (Wilcoxon p = 0.034), which does not survive that correction; the paper preset's "
+        "+2.90 (p = 0.0027) does. There the format rates are equal (94.8-95.1 %), "
+        "so the differences are in the answers, not the tags (at GRPO's own rate 2.5e-5 its format rate is 91.0 %, "
         "which accounts for part of the +2.85). pass@8 does not move between arms (GTPO minus GRPO −0.48 points, "
         "p = 0.43, MDD 1.9; every arm 88.5-89.7 % from 80.8 %): the earlier suite's \"GTPO has the lowest pass@8\" is "
         "not seen with power, although GTPO ends with the lowest token entropy (0.058-0.062 against GRPO's "
@@ -1096,12 +1071,56 @@ VERDICTS: dict[str, str] = {
         "on this task neither the conflict masks, the γ shift nor a filter that fires changes the outcome "
         "detectably; the learning rate does (at 5e-4 GTPO collapsed on 1 of 5 seeds and GRPO missed the bar on one).\n"),
     "gpu": (
-        "Claims 2 and 7 at the paper's scale (Qwen2.5-3B / Llama-3.1-8B, QLoRA, GSM8K): "
-        "`gtpo train configs/paper/qwen2.5-3b-gsm8k-gtpo.yaml` and its `-grpo` / `-dapo` twins, each over 5 "
-        "seeds (`--seed`), then `gtpo eval` with n = 64 samples on the paper's benchmarks; with `use_vllm: true` "
-        "the rollouts go through vLLM. One arm is about 10 GPU-hours on one H100-class GPU at the paper's "
-        "1,000 steps.\n"),
+        "**The paper-scale pair, ready to run** (issue 32, item 5): Qwen2.5-3B-Instruct on GSM8K, GTPO against GRPO, "
+        "3 seeds, with the paper configs (`configs/paper/qwen2.5-3b-gsm8k-{gtpo,grpo}.yaml`: 7,500 steps of 1 prompt x "
+        "8 completions of up to 1,500 tokens, QLoRA r = 128 on a 4-bit NF4 base, learning rate 1e-6 with the "
+        "released optimiser settings: Adam β1 = β2 = 0.999999, weight decay 0.1, `max_grad_norm` 0.1, cosine "
+        "schedule with warm-up 0.005; the released code's paged 8-bit AdamW is a memory optimisation these configs "
+        "do not name: until an `optim` field exists (issue 29) they run torch's AdamW with the same settings), then each adapter and the base model on "
+        "the paper's benchmarks at n = 64:\n\n"
+        "```bash\n"
+        "for s in 0 1 2; do for m in gtpo grpo; do\n"
+        "  gtpo train configs/paper/qwen2.5-3b-gsm8k-$m.yaml --seed $s --use_vllm true \\\n"
+        "    --output_dir runs/qwen3b-gsm8k-$m-s$s\n"
+        "done; done\n"
+        "for a in runs/qwen3b-gsm8k-*-s? ''; do for d in gsm8k math500 aime24 aime25 amc23; do  # '': the base model\n"
+        "  gtpo eval --model Qwen/Qwen2.5-3B-Instruct ${a:+--adapter $a} --dataset $d --n 64 --k 1,8,16,32,64 \\\n"
+        "    --maj-k 4,8,16,32,64 --temperature 1.0 --max-new-tokens 1500 --answer-from tag --backend vllm \\\n"
+        "    --out ${a:-runs/qwen3b-base}/eval-$d.json\n"
+        "done; done\n"
+        "```\n\n"
+        "**Expected cost: an estimate, not a measurement** (no GPU was lent to this project's sessions so far; "
+        "`python bench/gpu_check.py` measures our trainer's step time on one and should replace this estimate). From "
+        "FLOP counts and assumed throughputs on one H100-class GPU: a step generates 8 completions (GSM8K answers "
+        "in the paper's format run ~200-400 tokens, the cap 1,500) with colocated vLLM, ~3-15 s depending on the "
+        "longest completion at ~100 tokens/s per sequence; forward and backward of the 3B model on ~8 x 600 tokens "
+        "with QLoRA and gradient checkpointing, ~1.2e14 FLOP, ~1-2 s at an effective 60-100 TFLOP/s; the LoRA merge "
+        "and weight sync to vLLM, ~1-2 s. So ~5-20 s a step, **~10-40 GPU-hours per 7,500-step run, ~60-250 for the "
+        "six runs**; the evaluation, ~6,400 samples of up to 1,500 tokens for AIME 24/25 and AMC 23 and ~116,000 "
+        "shorter ones for GSM8K test and MATH-500 at n = 64 (~50M tokens at ~10k tokens/s batched), ~1.5 GPU-hours per "
+        "model, ~10 for the six adapters and the base model. The Llama-3.1-8B and MATH configs of `configs/paper/` "
+        "cost about 2-3x more per step. There are no `-dapo` paper configs; DAPO runs with `loss_type: dapo` on the "
+        "GRPO config.\n"),
 }
+
+
+def _docstring_design(module) -> str:
+    """The **Design** paragraph of an experiment module's docstring, as markdown (the declaration itself)."""
+    doc = module.__doc__
+    body = doc[doc.index("**Design"):].split("\n\n    python")[0]
+    return body.replace(":data:", "").replace(":func:", "").replace(":mod:", "").replace("``", "`") + "\n"
+
+
+def claim7b_design() -> str:
+    from . import claim7b
+
+    return _docstring_design(claim7b)
+
+
+def stress_opt_design() -> str:
+    from . import stress_opt
+
+    return _docstring_design(stress_opt)
 
 
 def _item5_state(smol_res: dict, default_arm: str) -> str:
@@ -1164,6 +1183,19 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
     stress_txt, stress_res = stress_section("a")
     stress_b_txt, stress_b_res = stress_section("b")
     c7_txt, c7_res = claim7_section()
+    from . import claim7, report_attribution, report_optimiser, verdicts
+
+    verdicts.check_hand_written()
+    c7b_txt, c7b_res = report_attribution.section()
+    opt_txt, opt_res = report_optimiser.section()
+    v1 = verdicts.claim1(one_res)
+    v2 = verdicts.claim2(stress_res, stress_b_res, STRESS_LABELS)
+    v7 = verdicts.claim7_first(c7_res, claim7.TUNE_LRS)
+    v7b = c7b_res.get("verdict", "")
+    v2opt = opt_res.get("verdict", "")
+    status = verdicts.status([("Claim 1", v1), ("Claim 2", v2), ("Claim 2 under the released optimiser", v2opt),
+                              ("Claim 7, first design", v7), ("Claim 7, attribution", v7b)],
+                             _item5_state(smol_res, default_arm))
     figs = {"onestep": fig_onestep(onestep), "stress": fig_stress(stress_res),
             "stress_b": fig_stress(stress_b_res, "claim2_stress_b.png"), "claim7": fig_claim7(c7_res)}
     if smol_res:
@@ -1176,22 +1208,27 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
         "claims (see issue 16), are kept in [results-suite.md](results-suite.md).\n",
         "## Where the protocol stands\n",
         table(["protocol item", "state", "raw data"], _status_rows(onestep, smol_res, stress_res, stress_b_res, c7_res, default_arm)) + "\n",
-        VERDICTS.get("status", ""),
+        status,
         "## Claim 1: GRPO pushes down tokens shared by positive and negative completions; GTPO protects them\n",
+        v1,
         VERDICTS.get("claim1_design", ""),
         VERDICTS.get("claim1", ""),
     ]
     if figs.get("onestep"):
         parts.append(f"![claim 1, one-step updates]({figs['onestep']})\n")
     parts += ["### Tables\n", one_txt,
-              "## Claim 2: GRPO collapses where GTPO stays stable\n", VERDICTS.get("claim2", ""),
+              "## Claim 2: GRPO collapses where GTPO stays stable\n", v2, VERDICTS.get("claim2", ""),
               stress_txt if stress_res else "",
               f"![claim 2, stress grid]({figs['stress']})\n" if figs.get("stress") else "",
               "### Replicate b: the whole grid on a second stress model\n" if stress_b_res else "",
               VERDICTS.get("claim2_b", "") if stress_b_res else "", stress_b_txt if stress_b_res else "",
               f"![claim 2, stress grid, replicate b]({figs['stress_b']})\n" if figs.get("stress_b") else "",
-              "## Claim 7: GTPO reaches higher accuracy\n", VERDICTS.get("claim7", ""), c7_txt,
+              "### Under the released optimiser (replicate c)\n" if opt_res else "",
+              (stress_opt_design() + v2opt + opt_txt) if opt_res else "",
+              "## Claim 7: GTPO reaches higher accuracy\n", v7, VERDICTS.get("claim7", ""), c7_txt,
               f"![claim 7, accuracy]({figs['claim7']})\n" if figs.get("claim7") else "",
+              "### Attribution: which part of GTPO carries the gain (rebuilt start model)\n" if c7b_res else "",
+              (claim7b_design() + v7b + c7b_txt) if c7b_res else "",
               "## SmolLM2-135M on the default task\n", VERDICTS.get("smol", ""), smol_txt if smol_res else "(no runs yet)\n"]
     if figs.get("smol"):
         parts.append(f"![default task]({figs['smol']})\n")
