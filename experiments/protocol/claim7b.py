@@ -13,12 +13,13 @@ this shared machine a 150-step claim-7 run with its evaluations measured about 2
 more tuning seeds where validation noise decides) does not fit next to the finals; it is **not run**, and
 the arms are compared **at one learning rate**, in seed blocks run until the session's compute ends.
 
-* Start model, splits, steps and evaluation: those of claim 7 (``claim7.build``: the same recipe), 150
-  steps of 2 prompts x 8 completions, ``experiments/configs/tiny.yaml`` for everything else. The model is
-  a rebuild: the tiny v3 model rebuilt in this session measures differently from the first design's
-  (64 prompts x 8 samples: paper reward 7.14 against 7.10, format 64.1 % against 65 %, token entropy 0.349
-  against 0.343), so every arm, GRPO and official GTPO included, runs again on it; the first design's
-  runs are another replicate, reported apart and never pooled (the report shows both start records).
+* Start model, splits, steps and evaluation: those of claim 7 (``claim7.build``: the same recipe, rebuilt
+  in this session), 150 steps of 2 prompts x 8 completions, ``experiments/configs/tiny.yaml`` for
+  everything else. Rebuilt models have not always measured the same here (the stress models), so every
+  arm, GRPO and official GTPO included, runs again on the rebuild, and the analysis uses only these runs.
+  The report compares the rebuild's start record with the first design's; where they are equal, the
+  reruns of GTPO and GRPO at 5e-5 are also compared seed by seed with the first design's runs of the same
+  seeds (its GTPO finals and its GRPO-at-GTPO's-rate runs): a reproduction check, never pooled.
 * Arms (:data:`ARMS`): GRPO; official GTPO; **GRPO + gamma** (GRPO with the shift A - 0.1 <H>_i on
   every completion, no filter, no masks; GRPO's group-std advantages, so the shift weighs about 10x
   more against the advantages than in official GTPO's raw 0-20 advantages, as in the paper's GRPO +

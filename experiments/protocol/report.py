@@ -1223,7 +1223,7 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
               "### Replicate b: the whole grid on a second stress model\n" if stress_b_res else "",
               VERDICTS.get("claim2_b", "") if stress_b_res else "", stress_b_txt if stress_b_res else "",
               f"![claim 2, stress grid, replicate b]({figs['stress_b']})\n" if figs.get("stress_b") else "",
-              "### Under the released optimiser (replicate c)\n" if opt_res else "",
+              "### Under the released optimiser\n" if opt_res else "",
               (stress_opt_design() + v2opt + opt_txt) if opt_res else "",
               "## Claim 7: GTPO reaches higher accuracy\n", v7, VERDICTS.get("claim7", ""), c7_txt,
               f"![claim 7, accuracy]({figs['claim7']})\n" if figs.get("claim7") else "",

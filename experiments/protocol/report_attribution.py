@@ -53,11 +53,15 @@ def section() -> tuple[str, dict]:
         line = (f"**The start model** (rebuilt by `claim7.build` in this session): validation pass@1 "
                 f"{pct(start['kept_validation']['pass@1'])} % after chunk {start['kept_chunk']}; held-out pass@1 "
                 f"{pct(ho['pass@1'])} %, pass@8 {pct(ho['pass@8'])} %, maj@8 {pct(ho['maj@8'])} %")
+        res["same_start"] = same = bool(first) and {k: v for k, v in start.items() if "seconds" not in k} == {
+            k: v for k, v in first.items() if "seconds" not in k}
         if first:
             fh = first["heldout"]
-            line += (f" (the first design's start model: chunk {first['kept_chunk']}, {pct(fh['pass@1'])} / "
-                     f"{pct(fh['pass@8'])} / {pct(fh['maj@8'])} %: another model, so the two designs are replicates, "
-                     "never pooled)")
+            line += (f"; the first design's: chunk {first['kept_chunk']}, {pct(fh['pass@1'])} / {pct(fh['pass@8'])} / "
+                     f"{pct(fh['maj@8'])} %. "
+                     + ("The two start records are equal in every measured value, held-out per-problem scores included: "
+                        "the same model" if same else "The records differ: another model; the designs are replicates, "
+                        "never pooled"))
         out.append(line + ".\n")
     per_seed: dict = defaultdict(dict)
     for r in runs:
@@ -114,6 +118,8 @@ def section() -> tuple[str, dict]:
                    f"{len(claim7b.PRIMARY)} primary comparisons, p < {claim7b.ALPHA:.4f}):\n")
         out.append(table(["difference (points)", "metric", "paired seeds", "mean", "seeds higher", "Wilcoxon signed-rank",
                           "paired t", "MDD (80 % power, points)"], crows) + "\n")
+    if res.get("same_start"):
+        out.append(reproduction(per_seed, res) + "\n")
     finals = [r for seeds in per_seed.values() for s, r in seeds.items() if s in complete]
     if len(finals) >= 5:
         rho = stats.spearman([statistics.mean(x["entropy/mean"] for x in r["steps"][-15:]) for r in finals],
@@ -123,6 +129,27 @@ def section() -> tuple[str, dict]:
                    f"{rho['rho']:+.2f} (p = {fmt_p(rho['p'])}).\n")
     res["verdict"] = verdict(res)
     return "\n".join(out), res
+
+
+def reproduction(per_seed: dict, res: dict) -> str:
+    """The reruns of GTPO and GRPO at 5e-5 against the first design's runs of the same seeds and rate (its GTPO
+    finals, its GRPO-at-GTPO's-rate runs): how many reproduce the held-out pass@1 exactly."""
+    first = read_jsonl_gz(os.path.join(DATA, "claim7.jsonl.gz"))
+    old = {("gtpo", r["seed"]): r for r in first if r["kind"] == "final" and r["arm"] == "gtpo" and r["lr"] == claim7b.LR}
+    old.update({("grpo", r["seed"]): r for r in first if r["kind"] == "samelr" and r["arm"] == "grpo"
+                and r["lr"] == claim7b.LR})
+    parts = []
+    for arm in ("gtpo", "grpo"):
+        pairs = [(per_seed[arm][s]["sampled"]["metrics"]["pass@1"], old[(arm, s)]["metrics"]["pass@1"])
+                 for s in sorted(per_seed.get(arm, {})) if (arm, s) in old]
+        if not pairs:
+            continue
+        same = sum(a == b for a, b in pairs)
+        res[("reproduced", arm)] = (same, len(pairs))
+        parts.append(f"{claim7b.LABELS[arm]}: {same} of {len(pairs)} seeds give the first design's held-out pass@1 "
+                     f"exactly (largest difference {100 * max(abs(a - b) for a, b in pairs):.2f} points)")
+    return ("**Reproduction check** (same start model, same seeds and rate, the code of this design's commit): "
+            + "; ".join(parts) + ".") if parts else ""
 
 
 def verdict(res: dict) -> str:
@@ -153,4 +180,6 @@ def verdict(res: dict) -> str:
     if "entropy_rho" in res:
         text += (f" Final entropy and sampled pass@1 across the final runs: ρ = {res['entropy_rho']['rho']:+.2f} "
                  f"(p = {fmt_p(res['entropy_rho']['p'])}).")
+    text += (f" Every arm ran at one rate ({claim7b.LR:g}) on {len(res['complete_seeds'])} paired seeds; the tuning that "
+             "would bracket each arm's own optimum was not run, so an arm whose optimum lies elsewhere is compared off it.")
     return text + "\n"

@@ -24,6 +24,14 @@ def load() -> tuple[dict | None, list[dict]]:
     return next((r for r in recs if r["kind"] == "start"), None), [r for r in recs if r["kind"] == "run"]
 
 
+def same_model(a: dict | None, b: dict | None) -> bool:
+    """Whether two stress start records measure the same model (every key but the build's own)."""
+    if not a or not b:
+        return False
+    keys = (set(a) | set(b)) - {"kind", "build_seconds", "build_cpu_seconds"}
+    return all(a.get(k) == b.get(k) for k in keys)
+
+
 def _fx(x) -> str:
     return "> grid" if x is None or x == math.inf else f"x{x:.3g}"
 
@@ -48,15 +56,19 @@ def section() -> tuple[str, dict]:
     res: dict = {"check": check_runs(runs, DATA_NAME)}
     out = [f"**Declared before it ran:** {describe(res['check'])}.\n"]
     b_start, _ = load_stress("b")
+    res["same_as_b"] = same = same_model(start, b_start)
     if start:
-        line = (f"**Replicate c** (replicate b's recipe rebuilt in this session): sampled at temperature 1 it writes the "
-                f"systematic error on {pct(start['error_rate_error_prompts'])} % of the error-prompt samples and "
-                f"{pct(start['error_rate_other'])} % of the others, mean token entropy "
-                f"{start['entropy_other']:.3f} on the others")
+        line = (f"**The stress model** (replicate b's recipe rebuilt in this session): sampled at temperature 1 it "
+                f"writes the systematic error on {pct(start['error_rate_error_prompts'])} % of the error-prompt samples "
+                f"and {pct(start['error_rate_other'])} % of the others, mean token entropy {start['entropy_other']:.3f} "
+                "on the others")
         if b_start:
-            line += (f" (replicate b: {pct(b_start['error_rate_error_prompts'])} %, {pct(b_start['error_rate_other'])} %, "
-                     f"{b_start['entropy_other']:.3f}: another model, so optimiser comparisons across the two are "
-                     "descriptive only)")
+            line += (f"; replicate b's: {pct(b_start['error_rate_error_prompts'])} %, {pct(b_start['error_rate_other'])} %, "
+                     f"{b_start['entropy_other']:.3f}. "
+                     + ("Every measured value of the two start records is equal: this is **replicate b's model**, and "
+                        "replicate b's default-optimiser grid is a same-model reference" if same else
+                        "The records differ: this is **a new replicate (c)**, and comparisons with replicate b are across "
+                        "models, descriptive only"))
         out.append(line + ".\n")
     pilot = stress_outcomes([r for r in runs if r["phase"] == "pilot"])
     main = stress_outcomes([r for r in runs if r["phase"] == "main"])
@@ -147,6 +159,7 @@ def verdict(res: dict) -> str:
         bo = stress_outcomes(b_runs)
         blrs = sorted({o["lr"] for o in bo})
         bg, bt = critical_lr(bo, "grpo", blrs), critical_lr(bo, "gtpo_official", blrs)
-        text += (f". For scale (another model, descriptive): with the protocol's AdamW (0.9, 0.999), clip 1.0 and a "
-                 f"constant rate, replicate b's critical rates were GRPO {_fx(bg)} and official GTPO {_fx(bt)}")
+        text += ((". On the same model" if res.get("same_as_b") else ". For scale (another model, descriptive)")
+                 + f" with the protocol's AdamW (0.9, 0.999), clip 1.0 and a constant rate, replicate b's critical "
+                 f"rates were GRPO {_fx(bg)} and official GTPO {_fx(bt)}")
     return text + ".\n"

@@ -9,12 +9,12 @@ gradients: a candidate source of the released code's stability that the method i
 
 **Design (declared here and committed before the first run).**
 
-* Model: replicate b's recipe (``stress.build``, the same code and seeds), rebuilt in this session as
-  replicate **c**: the tiny v3 model under it already measures differently from the one the earlier
-  replicates were built on (paper reward 7.14 against 7.10, token entropy 0.349 against 0.343), and a
-  stress model built twice has never measured the same (replicates a and b), so replicate b's model
-  itself cannot be had. Both arms run on replicate c; comparisons with replicate b's default-optimiser
-  grid are across models and descriptive only (the report shows both start records). 40 steps per run, the collapse criterion
+* Model: replicate b's recipe (``stress.build``, the same code and seeds) rebuilt in this session (a
+  stress model built twice has not always measured the same: replicates a and b). If the rebuild's start
+  record equals replicate b's (``stress-b.jsonl.gz``; the measured error rates, formats, rewards and
+  entropies), it is replicate b's model and replicate b's default-optimiser grid is a same-model
+  reference; otherwise it is a new replicate, **c**, and comparisons with replicate b are across models and
+  descriptive only (the report says which, from the two records). 40 steps per run, the collapse criterion
   of ``stress.collapse_step`` (declared there before any stress run), runs stopped by non-finite
   updates count as collapsed where they stopped.
 * Arms (:data:`ARMS`): GRPO and official GTPO, both with the released optimiser settings :data:`OPT`
@@ -60,10 +60,10 @@ from .common import EXPERIMENTS
 from .stress import BASE_LR, STEPS, Replicate, collapse_step
 
 MODULE = "experiments/protocol/stress_opt.py"
-OPT_RUNS = os.path.join(RUNS, "stress-c-opt")
-DATA_FILE = os.path.join(DATA, "stress-c-released-optimiser.jsonl.gz")
-#: replicate c: replicate b's build in this session (see the docstring); its runs are this module's only
-REP = Replicate("c", os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0-stress-c"), OPT_RUNS, DATA_FILE)
+OPT_RUNS = os.path.join(RUNS, "stress-opt")
+DATA_FILE = os.path.join(DATA, "stress-released-optimiser.jsonl.gz")
+#: replicate b's recipe rebuilt in this session (see the docstring: replicate b's model or a new one, by its record)
+REP = Replicate("rebuilt", os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0-stress-opt"), OPT_RUNS, DATA_FILE)
 #: the released code's optimiser settings (github.com/winstonsmith1897/GTPO; docs/method.md)
 OPT = ["--adam_beta1", "0.999999", "--adam_beta2", "0.999999", "--max_grad_norm", "0.1", "--weight_decay", "0.1",
        "--lr_scheduler_type", "cosine", "--warmup_ratio", "0.005"]
