@@ -16,7 +16,10 @@ trainer (:mod:`gtpo.trainer`), TRL's engine (:mod:`gtpo.integrations.trl`) and v
 4. :func:`effective_advantages` per row (any micro-batch): the entropy filter and the ``-gamma <H>_i`` shift
    (:func:`gtpo.advantages.entropy_control`, with the ROLLOUT policy's completion entropies), then the sign
    control;
-5. the loss: ``gtpo.losses.POLICY_LOSSES[loss_type](logp, old_logp, advantages, mask, extras, config)``.
+5. the loss: ``gtpo.losses.POLICY_LOSSES[loss_type](logp, old_logp, advantages, mask, extras, config)``; or, for an
+   engine whose policy loss takes TOKEN-level advantages and averages per completion then over completions (verl),
+   :func:`token_advantages`: the effective advantages times lambda, over ``max(n_conflict, 1)``, times ``G`` for
+   ``completion_reduction="sum"``, so that the plain PPO-clip surrogate reduced that way is GTPO's loss.
 
 Shapes: ``P`` prompts, ``G = group_size``, ``N = P * G`` rows in prompt-major order (row ``p * G + g``), ``T``
 completion tokens (right padded). Engines that reorder rows (verl's batch balancing) must pass the rows of each
@@ -42,7 +45,7 @@ from .ops import _check_group_size, _check_shape, _check_tensor, masked_mean
 
 __all__ = ["EffectiveAdvantages", "GroupInputs", "completion_entropy", "conflict_stats", "effective_advantages", "group_inputs",
            "initial_entropy_sums", "initial_entropy_value", "loss_mask", "uses_initial_entropy",
-           "constant_groups"]
+           "constant_groups", "token_advantages"]
 
 
 class GroupInputs(NamedTuple):
@@ -193,3 +196,36 @@ def completion_entropy(entropy: Tensor, mask: Tensor) -> Tensor:
     in float32 at least)."""
     ent = entropy.detach()
     return masked_mean(ent if ent.dtype in (torch.float32, torch.float64) else ent.float(), mask, dim=1)
+
+
+def token_advantages(advantages: Tensor, inputs: GroupInputs, mask: Tensor, config: GTPOConfig) -> Tensor:
+    """``(N, T)`` float32: GTPO's loss as token-level advantages, for an engine whose policy loss is the plain
+    PPO-clip surrogate with per-token advantages, averaged over each completion's tokens and then over the ``N``
+    completions (verl's ``seq-mean-token-mean`` with the global batch size).
+
+    ``A_it = s * a_i * lambda_it / d_i`` on ``mask (N, T)`` (0 elsewhere): ``a (N,)`` the effective advantages
+    (:func:`effective_advantages`), ``lambda = inputs.token_weights`` (1 without conflict masks), ``d_i =
+    max(n_conflict_i, 1)`` when ``config.divide_by_conflict_count`` and conflict masks are on (1 otherwise, as
+    ``POLICY_LOSSES["gtpo"]`` reads it), ``s = G`` for ``completion_reduction="sum"`` (the sum over a group, mean
+    over groups, is ``G`` times the mean over completions) and 1 for ``"mean"``. Since ``lambda, d, s >= 0``,
+    ``-min(r A_it, clip(r) A_it) = (s lambda_it / d_i) * -min(r a_i, clip(r) a_i)``: the reduced surrogate equals
+    :func:`gtpo.losses.gtpo_loss` (loss and gradient) for any ratio ``r``, clipped or not.
+
+    Raises ValueError for a negative ``pos_weight`` / ``neg_weight`` (a negative lambda does not commute with the
+    clip's ``min``: no token-level advantage reproduces it).
+    """
+    if inputs.token_weights is not None and (config.pos_weight < 0 or config.neg_weight < 0):
+        raise ValueError(f"pos_weight / neg_weight: token-level advantages need conflict weights >= 0 (a negative "
+                         f"weight does not commute with the PPO clip), got pos_weight={config.pos_weight}, "
+                         f"neg_weight={config.neg_weight}")
+    _check_tensor("mask", mask, ndim=2)
+    _check_shape("advantages", advantages, (mask.shape[0],), "(N,)")
+    per_row = advantages.detach().float()
+    if inputs.n_conflict is not None and config.divide_by_conflict_count:
+        per_row = per_row / inputs.n_conflict.clamp(min=1).to(per_row.dtype)
+    if config.completion_reduction == "sum":
+        per_row = per_row * config.group_size
+    out = per_row[:, None] * mask.float()
+    if inputs.token_weights is not None:
+        out = out * inputs.token_weights.to(out.dtype)
+    return out
