@@ -46,7 +46,7 @@ def _tiny(spec: dict):
 def _smollm2(spec: dict):
     import yaml
 
-    from gtpo.cli import default_config_text, load_dataset_spec
+    from gtpo.app import default_config_text, load_dataset_spec
     from gtpo.models import load_model, load_tokenizer
 
     model = load_model("smollm2-135m-instruct")

@@ -48,7 +48,7 @@ def _set_threads(n: int) -> None:
 def _task_prompts(n: int) -> list:
     import yaml
 
-    from gtpo.cli import default_config_text, load_dataset_spec
+    from gtpo.app import default_config_text, load_dataset_spec
 
     task = load_dataset_spec(yaml.safe_load(default_config_text())["eval_dataset"], default_split="test")
     return [task[i]["prompt"] for i in range(n)]
@@ -179,7 +179,7 @@ def step_worker(spec: dict) -> dict:
     import yaml
 
     from gtpo import GTPOConfig, GTPOTrainer
-    from gtpo.cli import build_peft_config, default_config_text, load_dataset_spec
+    from gtpo.app import build_peft_config, default_config_text, load_dataset_spec
     from gtpo.models import load_model_and_tokenizer
     from gtpo.rewards import resolve_reward
 

@@ -447,7 +447,7 @@ def evaluate_run(run: Run, tiny_dir: str, size: int | None = None) -> dict:
 def _greedy_tiny(model_dir: str) -> dict:
     """``eval/*`` greedy metrics of a tiny model exactly as the RL runs log them (tiny.yaml's
     ``eval_dataset`` and ``eval_reward``, ``gtpo.evaluation.evaluate_during_training``)."""
-    from gtpo.cli import load_dataset_spec
+    from gtpo.app import load_dataset_spec
     from gtpo.evaluation import evaluate_during_training
     from gtpo.models import load_model_and_tokenizer
     from gtpo.rewards import resolve_reward

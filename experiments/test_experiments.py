@@ -85,7 +85,7 @@ def test_every_run_id_has_a_method():
 def test_train_argv_round_trips_through_the_cli():
     """The overrides the suite passes are read back by `gtpo train` as methods.yaml's values, and the
     merged config validates."""
-    from gtpo.cli import parse_overrides
+    from gtpo.app import parse_overrides
 
     methods = suite.load_yaml(suite.METHODS_FILE)
     run = suite.Run("tiny", "grpo_filter_gamma+stress", 2, 150)
@@ -104,7 +104,7 @@ def test_train_argv_round_trips_through_the_cli():
 def test_train_argv_merges_into_a_valid_config():
     import yaml
 
-    from gtpo.cli import apply_overrides, parse_overrides, split_spec
+    from gtpo.app import apply_overrides, parse_overrides, split_spec
     from gtpo.config import GTPOConfig
 
     for method in suite.load_yaml(suite.METHODS_FILE):
@@ -219,7 +219,7 @@ def test_plan_shares_runs_between_claims():
 
 def test_learning_rate_settings():
     """No suffix: the shared rate (no override); +mid: 3x; +stress: 10x; anything else is an error."""
-    from gtpo.cli import parse_overrides
+    from gtpo.app import parse_overrides
 
     def lr(run_id):
         return parse_overrides(suite.train_argv(suite.Run("tiny", run_id, 0, 150))[1:]).get("learning_rate")

@@ -8,7 +8,7 @@ import dataclasses
 import os
 import sys
 
-from gtpo.cli import RUN_KEYS
+from gtpo.app import RUN_KEYS
 from gtpo.config import GTPOConfig
 
 PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "config.md")

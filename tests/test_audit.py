@@ -92,7 +92,7 @@ def test_logprob_temperature_is_separate_from_the_sampling_temperature(tiny_mode
 
 
 def test_official_preset_and_paper_configs_sample_at_0_9_with_raw_logprobs():
-    from gtpo.cli import load_yaml, split_spec
+    from gtpo.app import load_yaml, split_spec
 
     official = GTPOConfig.from_preset("official")
     assert (official.temperature, official.logprob_temperature) == (0.9, 1.0)
@@ -315,7 +315,7 @@ def test_options_without_a_config_file_start_from_gtpoconfig_defaults(capsys):
 
 
 def test_yaml_1_1_floats_are_accepted(tmp_path):
-    from gtpo.cli import load_yaml, split_spec
+    from gtpo.app import load_yaml, split_spec
 
     path = tmp_path / "c.yaml"
     path.write_text("learning_rate: 1e-5\nadam_epsilon: 1E-8\nentropy_threshold: 2e0\nreward_weights: [1e0, 5e-1]\n"

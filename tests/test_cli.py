@@ -7,7 +7,9 @@ import os
 import pytest
 import yaml
 
-from gtpo.cli import ConfigError, apply_overrides, default_config_text, main, parse_overrides, split_spec
+from gtpo.app import apply_overrides, default_config_text, parse_overrides, split_spec
+from gtpo.cli import main
+from gtpo.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -82,7 +84,8 @@ def test_default_config_validates():
 
 @pytest.mark.parametrize("path", shipped_configs(), ids=lambda p: os.path.relpath(p, ROOT))
 def test_shipped_configs_validate(path):
-    from gtpo.cli import build_peft_config, load_yaml, _dataset_spec
+    from gtpo.app import build_peft_config, load_yaml
+    from gtpo.app.training import dataset_spec as _dataset_spec
 
     run, config = split_spec(load_yaml(path), source=path)
     assert run["model"]

@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 
 from gtpo import GTPOConfig, GTPOTrainer
 from gtpo import config as config_module
-from gtpo.cli import ConfigError, main, split_spec
+from gtpo.app import split_spec
+from gtpo.cli import main
+from gtpo.errors import ConfigError
 from gtpo.errors import RewardFunctionError
 
 FIELDS = {f.name: f for f in dataclasses.fields(GTPOConfig)}

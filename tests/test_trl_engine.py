@@ -561,7 +561,8 @@ def test_two_processes_with_groups_spanning_them_match_one_process(tiny_model_pa
 def test_cli_engine_trl_end_to_end(tiny_model_path, tmp_path, capsys):
     import yaml
 
-    from gtpo.cli import main, split_spec
+    from gtpo.app import split_spec
+    from gtpo.cli import main
 
     data = tmp_path / "train.jsonl"
     with open(data, "w") as fh:

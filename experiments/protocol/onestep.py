@@ -110,7 +110,7 @@ def build_trainer(model_name: str):
     import yaml
 
     from gtpo import GTPOTrainer
-    from gtpo.cli import build_peft_config, default_config_text, load_dataset_spec, split_spec
+    from gtpo.app import build_peft_config, default_config_text, load_dataset_spec, split_spec
     from gtpo.models import load_model_and_tokenizer
     from gtpo.rewards import resolve_reward
 

@@ -6,7 +6,7 @@ with overrides), executed in this process through ``gtpo.cli.train_main``, with
 without gradient, which consumes no random numbers, so the trajectory is the default run's).
 
 The greedy accuracy before/after on the 200 held-out problems is the CLI's own
-(``eval_before_after``); this module only wraps ``gtpo.cli._greedy_accuracy`` so that the same
+(``eval_before_after``); this module only replaces it through ``gtpo.app.RunHooks(accuracy=...)`` so that the same
 generation also records each problem's verdict and reply (``eval_after.json``), for paired tests
 and to see what a collapsed run writes. The "before" evaluation is the same for every run (greedy,
 the same base model, deterministic on CPU): it is computed once and cached.
@@ -106,14 +106,14 @@ def git_commit() -> str:
 
 
 def detailed_greedy(model, tokenizer, dataset, reward, config) -> dict:
-    """The CLI's greedy accuracy (``gtpo.cli._greedy_accuracy`` = ``evaluate_during_training`` with
+    """The CLI's greedy accuracy (``gtpo.app.greedy_accuracy`` = ``evaluate_during_training`` with
     n=1, temperature 0, batch 64), plus each problem's verdict and reply."""
-    from gtpo.evaluation.api import _generate_samples, _seeded
+    from gtpo.evaluation import generate_samples, seeded
     from gtpo.evaluation.scoring import CORRECT_SCORE, score_samples
 
     rows = dataset.to_list() if hasattr(dataset, "to_list") else [dict(r) for r in dataset]
-    with _seeded(0):
-        generated = _generate_samples(model, tokenizer, rows, n=1, temperature=0.0, top_p=1.0, top_k=0,
+    with seeded(0):
+        generated = generate_samples(model, tokenizer, rows, n=1, temperature=0.0, top_p=1.0, top_k=0,
                                       max_new_tokens=config.eval_max_new_tokens or config.max_completion_length,
                                       batch_size=64, max_prompt_length=None, progress=False, keep_ids=True)
     correct, texts = [], []
@@ -126,8 +126,9 @@ def detailed_greedy(model, tokenizer, dataset, reward, config) -> dict:
     return {"accuracy": sum(correct) / len(correct), "correct": correct, "texts": texts}
 
 
-def _patched_greedy(out_dir: str):
-    import gtpo.cli as cli
+def _recording_hooks(out_dir: str):
+    """:class:`gtpo.app.RunHooks` whose accuracy also records every problem's verdict and reply."""
+    from gtpo.app import RunHooks
 
     def greedy(model, tokenizer, dataset, reward, config, engine=None):
         # before training the CLI passes the base model, after it the LoRA (peft) model
@@ -139,7 +140,7 @@ def _patched_greedy(out_dir: str):
         write_json(BEFORE_CACHE if is_before else os.path.join(out_dir, "eval_after.json"), res)
         return res["accuracy"]
 
-    cli._greedy_accuracy = greedy
+    return RunHooks(accuracy=greedy)
 
 
 def status(arm: str, seed: int) -> str:
@@ -165,10 +166,9 @@ def run(arm: str, seed: int) -> None:
     elif st == "restart":
         argv += ["--overwrite"]
     os.makedirs(d, exist_ok=True)
-    _patched_greedy(d)
     print(f"[smol] {now()} {arm} seed {seed} ({st}): gtpo train {' '.join(argv)}", flush=True)
     t0, c0 = time.time(), cpu_seconds()
-    code = train_main(argv)
+    code = train_main(argv, hooks=_recording_hooks(d))
     if code != 0:
         raise SystemExit(f"gtpo train exited {code}")
     if not os.path.isfile(os.path.join(d, "eval_after.json")):  # resumed runs skip no evaluation, but be safe

@@ -52,6 +52,11 @@ COMPLETION_REDUCTIONS = ("sum", "mean")
 REPORT_TARGETS = ("none", "tensorboard", "wandb", "trackio")
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+#: GTPOConfig's vLLM fields that are trl.GRPOConfig fields of the same name and meaning: TRL's engine passes them on
+#: when set (TRL keeps its own defaults otherwise, e.g. vllm_importance_sampling_mode "sequence_mask")
+SHARED_VLLM_FIELDS = ("use_vllm", "vllm_gpu_memory_utilization", "vllm_max_model_length",
+                      "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+                      "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min")
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:

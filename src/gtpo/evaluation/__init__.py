@@ -7,18 +7,19 @@ One job per module:
 * ``scoring`` -- judging completions (math-verify, reasoning-gym scorers, reward functions) and
   the dataset metrics from judged samples; no model.
 * ``mmlu`` -- MMLU accuracy from the log-likelihood of the answer letter.
+* ``options`` -- :class:`EvalOptions`, the settings of one evaluation (what ``gtpo eval`` fills).
 * ``api`` -- :func:`evaluate` (load, sample, score, write the results JSON), :func:`rescore`
   (recompute from a results file), :func:`evaluate_during_training` (the trainer's
   ``eval_steps``), :func:`format_table`.
 
-The command line (``gtpo eval``) is in ``gtpo.cli``. The public names of the modules are
+The command line (``gtpo eval``) is in ``gtpo.cli`` (it only parses arguments into an :class:`EvalOptions`). The public names of the modules are
 importable from here; ``gtpo.evaluate`` is :func:`gtpo.evaluation.api.evaluate`. Importing this
 package imports neither torch nor transformers (the functions that need them import them).
 """
 
 from __future__ import annotations
 
-from .api import evaluate, evaluate_during_training, format_table, rescore, write_results
+from .api import evaluate, evaluate_during_training, format_table, generate_samples, rescore, seeded, write_results
 from .estimators import (
     MAJ_ESTIMATORS,
     UNPARSABLE_MODES,
@@ -29,6 +30,7 @@ from .estimators import (
     parse_k_list,
     pass_at_k,
 )
+from .options import EvalOptions
 from .mmlu import continuation_logprobs, evaluate_mmlu, mmlu_metrics, mmlu_prompt, mmlu_stem
 from .scoring import CORRECT_SCORE, aggregate_metrics, score_problems, score_samples
 
@@ -45,7 +47,10 @@ __all__ = [
     "score_samples",
     "score_problems",
     "aggregate_metrics",
+    "EvalOptions",
     "evaluate",
+    "generate_samples",
+    "seeded",
     "rescore",
     "evaluate_during_training",
     "format_table",

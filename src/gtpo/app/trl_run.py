@@ -1,0 +1,77 @@
+"""``gtpo train`` with ``engine: trl``: the same spec trained on TRL's ``GRPOTrainer`` (:mod:`gtpo.integrations.trl`).
+
+The same YAML as gtpo's own engine: ``model`` (a ``.gguf`` or the offline SmolLM2 is loaded by gtpo, any other model
+by TRL), datasets, reward functions, ``peft``, ``eval_before_after`` and every GTPOConfig field
+(:meth:`~gtpo.integrations.trl.TRLGTPOConfig.from_gtpo_config`); ``trl.GRPOConfig`` options set in the spec pass
+through. Prompts longer than ``max_prompt_length`` are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from ..errors import ConfigError
+from .training import RunHooks, RunInputs, build_peft_config, finish_run
+
+logger = logging.getLogger("gtpo")
+
+__all__ = ["run_trl_training"]
+
+
+def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "the command line",
+                     hooks: RunHooks | None = None) -> int:
+    """Train ``inputs`` (``inputs.run["trl"]`` holds the ``trl.GRPOConfig`` options) on
+    :class:`~gtpo.integrations.trl.TRLGTPOTrainer`. Writes TRL's checkpoints, the final model, ``metrics.jsonl``
+    (TRL's logs), ``run_config.json``, ``summary.json`` and ``gtpo report``'s report to ``output_dir``; ``spec``
+    tells which fields the user set (TRL's batch fields may not be mixed with gtpo's). Returns the exit code."""
+    from accelerate import PartialState
+
+    from ..checkpoint import write_json_atomic
+    from ..integrations.trl import TRLGTPOConfig, TRLGTPOTrainer, drop_long_prompts, metrics_file_callback
+    from ..models import load_model, load_tokenizer, resolve_model_spec
+
+    hooks = hooks or RunHooks()
+    run, config, eval_dataset, model = inputs.run, inputs.config, inputs.eval_dataset, inputs.model
+    state = PartialState()
+    options = dict(run.get("trl") or {})
+    evaluating = eval_dataset is not None and config.eval_steps > 0
+    if not evaluating:
+        options.setdefault("eval_strategy", "no")
+    else:
+        options.setdefault("per_device_eval_batch_size", config.group_size)
+    try:
+        args = TRLGTPOConfig.from_gtpo_config(config, num_processes=state.num_processes, set_fields=set(spec),
+                                              **options)
+    except ValueError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    if run.get("probes"):
+        logger.warning("probes are tracked by gtpo's own trainer only; TRL's engine ignores them")
+
+    _, gguf = resolve_model_spec(model)
+    tokenizer = load_tokenizer(model)
+    policy = load_model(model) if gguf else model  # TRL loads hub ids and directories itself
+    train_dataset = drop_long_prompts(inputs.train_dataset, tokenizer, config.max_prompt_length)
+    before = None
+    if run["eval_before_after"] and eval_dataset is not None and not run["resume_from_checkpoint"] \
+            and state.is_main_process:
+        before = hooks.accuracy(policy if gguf else load_model(model), tokenizer, eval_dataset, inputs.eval_reward,
+                                config)
+        print(f"greedy accuracy before training: {before:.1%} on {len(eval_dataset)} held-out problems", flush=True)
+    trainer = TRLGTPOTrainer(model=policy, reward_funcs=inputs.reward_funcs, args=args, train_dataset=train_dataset,
+                             eval_dataset=eval_dataset if evaluating else None, processing_class=tokenizer,
+                             peft_config=build_peft_config(run["peft"]),
+                             callbacks=[metrics_file_callback(config.output_dir)])
+    if hooks.on_trainer is not None:
+        hooks.on_trainer(trainer)
+    if state.is_main_process:
+        os.makedirs(config.output_dir, exist_ok=True)
+        write_json_atomic(os.path.join(config.output_dir, "run_config.json"),
+                          {**config.to_dict(), "engine": "trl", "model": model, "trl": options})
+    trainer.train(resume_from_checkpoint=run["resume_from_checkpoint"])
+    trainer.save_model(config.output_dir)
+    if state.is_main_process:
+        finish_run({"engine": "trl", "steps": trainer.state.global_step}, inputs,
+                   trainer.accelerator.unwrap_model(trainer.model), tokenizer, before, hooks=hooks)
+    return 0
