@@ -457,12 +457,15 @@ def test_smol_arms_pin_what_the_default_may_change():
 
 
 def test_claim7b_order_and_attribution_rule():
-    """Block 1 runs seed by seed with every arm per seed, then block 2; the attribution rule as declared."""
+    """The declared blocks in order; GTPO and GRPO reruns scored greedily (seed 0 also sampled); the rule."""
     from experiments.protocol import claim7b
 
     jobs = claim7b.jobs()
-    assert jobs[:len(claim7b.ARMS)] == [(a, 0) for a in claim7b.ARMS]
-    assert [s for _, s in jobs] == sorted(s for _, s in jobs) and len(jobs) == len(set(jobs)) == 12 * len(claim7b.ARMS)
+    assert jobs[:4] == [("grpo_gamma", 0), ("gtpo_gamma0", 0), ("grpo_gamma", 1), ("gtpo_gamma0", 1)]
+    assert len(jobs) == len(set(jobs)) == 12 * len(claim7b.ARMS)
+    assert claim7b.jobs((4,)) == [(a, s) for s in range(6) for a in ("gtpo", "grpo")]
+    assert claim7b.modes("gtpo", 0) == ("sampled", "greedy") and claim7b.modes("grpo", 3) == ("greedy",)
+    assert claim7b.modes("grpo_gamma", 3) == ("sampled", "greedy")
     a = claim7b.ALPHA
     assert a == pytest.approx(0.05 / 7)
     assert claim7b.attribution(a / 2, 0.02, 0.5, 0.01) == "the gamma shift carries the gain"
@@ -486,10 +489,10 @@ def test_stress_opt_pilot_and_main_grid():
     # bracketed: lo = 32 (below the first collapse at 100), hi = 320 (first factor where all collapsed)
     outc = {10.0: none, 32.0: none, 100.0: [True] + none[1:], 320.0: every, 1000.0: every}
     assert so.pilot_factors(outc) == list(so.PILOT_FACTORS)
-    assert so.main_grid(outc) == [32.0, 69.0, 150.0, 320.0]
+    assert so.main_grid(outc) == [32.0, 100.0, 320.0]
     # no factor where every run collapsed: up to the top of the pilot
-    outc = {10.0: none, 32.0: none, 100.0: [True] + none[1:], 320.0: [True] + none[1:], 1000.0: [True] * 2 + none[2:]}
-    assert so.main_grid(outc) == [32.0, 100.0, 320.0, 1000.0]
+    outc = {10.0: none, 32.0: none, 100.0: [True] + none[1:], 320.0: [True] + none[1:], 1000.0: [True] + none[1:]}
+    assert so.main_grid(outc) == [32.0, 180.0, 1000.0]
     with pytest.raises(ValueError, match="no pilot run collapsed"):
         so.main_grid({f: none for f in so.PILOT_FACTORS})
 

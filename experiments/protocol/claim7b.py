@@ -32,11 +32,23 @@ the arms are compared **at one learning rate**, in seed blocks run until the ses
   grid's lowest; on held-out GRPO scored 37.5 % at 5e-5 against 36.6 % at 2.5e-5). So the comparison is
   one at equal step size; an arm whose own optimum lies elsewhere is compared off its optimum (stated
   with the verdict).
-* Seeds (:data:`SEED_BLOCKS`): block 1 = seeds 0-5, block 2 = seeds 6-11, paired across arms (seed s of
-  every arm draws the same first prompts). Run order: block 1 (seed by seed, every arm per seed), then
-  the stress experiment under the released optimiser (:mod:`experiments.protocol.stress_opt`), then
-  block 2. **Stopping rule:** the blocks run in that order until the session's compute ends; a block
-  cut short is reported as far as it ran (only seeds every arm finished are paired), with its power.
+* Seeds: paired across arms (seed s of every arm draws the same first prompts); blocks of runs in the
+  order of :data:`ORDER`, interleaved with the stress experiment under the released optimiser
+  (:mod:`experiments.protocol.stress_opt`), one process at a time. **Stopping rule:** the blocks run in
+  that order until the session's compute ends; a block cut short is reported as far as it ran (each
+  comparison on the seeds both of its arms finished), with its power.
+* **Amendment (committed after the first two runs, GRPO and official GTPO seed 0, and before any run of
+  another arm; nothing but their reproduction and their wall time was read).** (a) The rebuilt start model
+  equals the first design's in every measured value, and the rerun of GRPO at 5e-5 seed 0 reproduced the
+  first design's run of it exactly (held-out pass@1 0.346 both; every step's reward equal). So the
+  *sampled* held-out metrics of official GTPO and GRPO at 5e-5 are taken from the first design's runs of
+  the same seeds (its GTPO finals and its GRPO-at-GTPO's-rate runs, seeds 0-15), and GTPO and GRPO are
+  rerun only for their **greedy** pass@1 (seed 0 also scored sampled, as the reproduction check). (b) A
+  run took ~6 minutes of wall time (training 290 s at ~35 % of one core, sampled evaluation 88 s), about
+  2.5x the estimate, so the blocks are: 1. GRPO + gamma and GTPO gamma 0, seeds 0-5; 2. the stress
+  pilot; 3. the stress main grid, seeds 0-5; 4. the greedy reruns of GTPO and GRPO, seeds 1-5; 5. GRPO +
+  masks, seeds 0-5; 6. the stress main grid, seeds 6-11; 7. seeds 6-11 of GRPO + gamma, GTPO gamma 0,
+  GRPO + masks and the greedy reruns.
 * Each final run is scored on the 500 held-out problems x 8 samples at temperature 1 (pass@1, pass@8,
   maj@8) **and greedily** (one completion at temperature 0: greedy pass@1).
 * Tests, paired over seeds (Wilcoxon signed-rank, exact with tied ranks, and paired t), sampled pass@1
@@ -44,7 +56,7 @@ the arms are compared **at one learning rate**, in seed blocks run until the ses
   each component arm (does GTPO keep a gain without it?), with GTPO - GRPO, 7 primary comparisons
   (:data:`PRIMARY`), Bonferroni threshold 0.05 / 7 = 0.0071; the same comparisons of greedy pass@1,
   pass@8 and maj@8 are secondary. The minimum detectable difference is reported from the observed
-  paired spread (with 6 seeds and the first design's spread, ~4 points; with 12, ~2.5).
+  paired spread (with 6 seeds and the first design's spread, ~4 points; with 12, ~2.5; with 16, ~2.1).
 * Attribution rule (fixed before the runs; "significant": Wilcoxon p < 0.0071 on sampled pass@1, in the
   gain's direction), :func:`attribution`: **the gamma shift carries the gain** if GRPO + gamma beats GRPO
   and GTPO with gamma 0 does not; **the rest of GTPO (masks and its reduction) carries it** if GTPO with
@@ -54,7 +66,7 @@ the arms are compared **at one learning rate**, in seed blocks run until the ses
   minimum detectable difference, so "not significant" is read against the power.
 
     python -m experiments.protocol.declare snapshot experiments/protocol/claim7b.py /work/snap-claim7b
-    cd /work/snap-claim7b && nice -n 15 python -m experiments.protocol.claim7b work --blocks 0   # then 1
+    cd /work/snap-claim7b && nice -n 15 python -m experiments.protocol.claim7b work --blocks 1   # then 4, 5, 7
     python -m experiments.protocol.claim7b export      # (from the main checkout) -> experiments/data/claim7b.jsonl.gz
 """
 
@@ -72,9 +84,22 @@ C7B_RUNS = os.path.join(RUNS, "claim7b")
 DATA_FILE = os.path.join(DATA, "claim7b.jsonl.gz")
 STEPS = 150
 LR = 5e-5
-SEED_BLOCKS = (tuple(range(0, 6)), tuple(range(6, 12)))
+#: the claim-7b blocks of the declared order (the stress experiment's pilot and main grid are blocks 2, 3 and 6)
+ORDER: dict[int, list[tuple[str, int]]] = {
+    1: [(a, s) for s in range(0, 6) for a in ("grpo_gamma", "gtpo_gamma0")],
+    4: [(a, s) for s in range(0, 6) for a in ("gtpo", "grpo")],
+    5: [("grpo_masks", s) for s in range(0, 6)],
+    7: [(a, s) for s in range(6, 12) for a in ("grpo_gamma", "gtpo_gamma0", "grpo_masks", "gtpo", "grpo")],
+}
+#: arms whose sampled metrics come from the first design's runs (rerun here for greedy pass@1 only)
+RERUN = ("gtpo", "grpo")
 GREEDY = dict(n=1, k=[1], maj_k=[1], temperature=0.0, max_new_tokens=64, answer_from="tag", batch_size=256)
 MODES = ("sampled", "greedy")
+
+
+def modes(arm: str, seed: int) -> tuple[str, ...]:
+    """The evaluations of a run: a rerun arm is scored greedily only, except seed 0 (the reproduction check)."""
+    return ("greedy",) if arm in RERUN and seed != 0 else MODES
 #: arms in run order; ``ablation``: a baseline loss given a GTPO-only field (needs the trainer's opt-in where it has one)
 ARMS: dict[str, dict] = {
     "grpo": {"argv": ["--preset", "grpo"], "ablation": False},
@@ -126,13 +151,16 @@ def _eval_file(d: str, mode: str) -> str:
     return os.path.join(d, f"eval_{mode}.json")
 
 
-def jobs() -> list[tuple[str, int]]:
-    """Every run (arm, seed) in the declared order: block 1 seed by seed, every arm per seed, then block 2."""
-    return [(arm, s) for block in SEED_BLOCKS for s in block for arm in ARMS]
+def jobs(blocks=tuple(ORDER)) -> list[tuple[str, int]]:
+    """The runs (arm, seed) of ``blocks`` in the declared order."""
+    out: list[tuple[str, int]] = []
+    for b in sorted(blocks):
+        out += [j for j in ORDER[b] if j not in out]
+    return out
 
 
 def done(arm: str, seed: int) -> bool:
-    return all(os.path.isfile(_eval_file(run_dir(arm, seed), m)) for m in MODES)
+    return all(os.path.isfile(_eval_file(run_dir(arm, seed), m)) for m in modes(arm, seed))
 
 
 # ------------------------------------------------------------------ runs
@@ -151,7 +179,7 @@ def run_job(arm: str, seed: int) -> None:
         execute(argv_for(arm, seed), d, f"claim7b {arm} lr {LR:g} seed {seed}")
     data = os.path.join(START, "data", "heldout.jsonl")
     summary = json.load(open(os.path.join(d, "summary.json")))
-    for mode in MODES:
+    for mode in modes(arm, seed):
         if os.path.isfile(_eval_file(d, mode)):
             continue
         if "stopped" in summary:  # ended itself on non-finite updates: scored as nothing learned
@@ -163,13 +191,13 @@ def run_job(arm: str, seed: int) -> None:
         write_json(_eval_file(d, mode), ev)
 
 
-def work(blocks: tuple[int, ...] = (0, 1)) -> None:
-    """Run (or resume) the jobs of ``blocks`` (indices into SEED_BLOCKS) in order; a STOP file ends it."""
+def work(blocks: tuple[int, ...] = tuple(ORDER)) -> None:
+    """Run (or resume) the jobs of ``blocks`` (keys of ORDER) in order; a STOP file ends it."""
     from .claim7 import build
 
     build()
-    for arm, seed in jobs():
-        if not any(seed in SEED_BLOCKS[b] for b in blocks) or done(arm, seed):
+    for arm, seed in jobs(blocks):
+        if done(arm, seed):
             continue
         if os.path.exists(os.path.join(C7B_RUNS, "STOP")):
             return
@@ -198,7 +226,7 @@ def export(out: str = DATA_FILE) -> str:
         rec = {"kind": "final", "arm": arm, "lr": LR, "seed": seed, "argv": timing["argv"],
                **json.load(open(os.path.join(d, "declared.json"))), "timing": timing,
                "steps": [{k: m[k] for k in keep if k in m} for m in step_metrics(d)]}
-        for mode in MODES:
+        for mode in modes(arm, seed):
             ev = json.load(open(_eval_file(d, mode)))
             rec[mode] = {"metrics": ev["metrics"], "per_problem": _per_problem(ev), "timing": ev.get("timing"),
                          "stopped": ev.get("stopped")}
@@ -210,7 +238,7 @@ def export(out: str = DATA_FILE) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("cmd", choices=["work", "plan", "export"])
-    p.add_argument("--blocks", type=int, nargs="+", default=[0, 1], help="seed blocks to run (0: seeds 0-5, 1: 6-11)")
+    p.add_argument("--blocks", type=int, nargs="+", default=list(ORDER), help="blocks of ORDER to run")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     os.chdir(ROOT)

@@ -29,9 +29,33 @@ def _first_start() -> dict | None:
     return next((r for r in read_jsonl_gz(path) if r["kind"] == "start"), None) if os.path.isfile(path) else None
 
 
-def paired(per_seed: dict, a: str, b: str, mode: str, metric: str, seeds) -> dict | None:
-    """``a`` minus ``b`` on ``seeds`` (those every arm finished): mean, Wilcoxon, paired t and the MDD (fractions)."""
-    shared = sorted(set(seeds) & set(per_seed.get(a, {})) & set(per_seed.get(b, {})))
+def entries(runs: list[dict], same_start: bool) -> dict:
+    """``{arm: {seed: {"sampled": metrics | None, "greedy": metrics | None, "steps": [...], "own": bool}}}``: this
+    design's runs, and for the rerun arms the first design's sampled metrics of the same seed (same start model only)."""
+    out: dict = defaultdict(dict)
+    for r in runs:
+        out[r["arm"]][r["seed"]] = {"sampled": (r.get("sampled") or {}).get("metrics"),
+                                    "greedy": (r.get("greedy") or {}).get("metrics"), "steps": r["steps"], "own": True}
+    if same_start and os.path.isfile(os.path.join(DATA, "claim7.jsonl.gz")):
+        for r in read_jsonl_gz(os.path.join(DATA, "claim7.jsonl.gz")):
+            arm = {("final", "gtpo"): "gtpo", ("samelr", "grpo"): "grpo"}.get((r["kind"], r.get("arm")))
+            if arm in claim7b.RERUN and r["lr"] == claim7b.LR:
+                e = out[arm].setdefault(r["seed"], {"sampled": None, "greedy": None, "steps": r["steps"], "own": False})
+                e["first_design"] = r["metrics"]
+                e["sampled"] = r["metrics"]  # identical to a rerun's where one ran (the reproduction check says so)
+    return out
+
+
+def _seeds(es: dict, mode: str) -> str:
+    xs = sorted(s for s, e in es.items() if e[mode])
+    return f"{xs[0]}-{xs[-1]} ({len(xs)})" if xs and xs == list(range(xs[0], xs[-1] + 1)) else (
+        ", ".join(map(str, xs)) or "none")
+
+
+def paired(per_seed: dict, a: str, b: str, mode: str, metric: str) -> dict | None:
+    """``a`` minus ``b`` on the seeds where both have the ``mode`` evaluation: mean, Wilcoxon, paired t, MDD."""
+    shared = sorted(s for s in set(per_seed.get(a, {})) & set(per_seed.get(b, {}))
+                    if per_seed[a][s][mode] and per_seed[b][s][mode])
     if len(shared) < 3:
         return None
     diffs = [per_seed[a][s][mode][metric] - per_seed[b][s][mode][metric] for s in shared]
@@ -63,33 +87,26 @@ def section() -> tuple[str, dict]:
                         "the same model" if same else "The records differ: another model; the designs are replicates, "
                         "never pooled"))
         out.append(line + ".\n")
-    per_seed: dict = defaultdict(dict)
-    for r in runs:
-        per_seed[r["arm"]][r["seed"]] = r
+    per_seed = entries(runs, res.get("same_start", False))
     arms = [a for a in claim7b.ARMS if a in per_seed]
-    complete = sorted(set.intersection(*(set(per_seed[a]) for a in claim7b.ARMS)) if len(arms) == len(claim7b.ARMS)
-                      else set())
-    res["complete_seeds"] = complete
-    out.append(f"**Runs:** every arm at learning rate {claim7b.LR:g}; seeds finished by every arm: "
-               f"{', '.join(map(str, complete)) or 'none'} (declared: "
-               + "; ".join(f"block {i + 1} seeds {b[0]}-{b[-1]}" for i, b in enumerate(claim7b.SEED_BLOCKS)) + ").\n")
+    out.append(f"**Runs:** every arm at learning rate {claim7b.LR:g}; sampled metrics of "
+               + " and ".join(claim7b.LABELS[a] for a in claim7b.RERUN) + " from the first design's runs of the same "
+               "seeds (see the amendment), greedy pass@1 from their reruns. Seeds with each evaluation: "
+               + "; ".join(f"{claim7b.LABELS[a]}: sampled {_seeds(per_seed[a], 'sampled')}, greedy "
+                           f"{_seeds(per_seed[a], 'greedy')}" for a in arms) + ".\n")
     frows = []
     for arm in arms:
-        seeds = per_seed.get(arm)
-        if not seeds:
-            continue
-        rs = [seeds[s] for s in sorted(seeds) if s in complete]
-        if not rs:
-            continue
-        frows.append([claim7b.LABELS[arm], f"{rs[0]['lr']:g}", len(rs),
-                      mean_sd([100 * r["sampled"]["metrics"]["pass@1"] for r in rs]),
-                      mean_sd([100 * r["greedy"]["metrics"]["pass@1"] for r in rs]),
-                      mean_sd([100 * r["sampled"]["metrics"]["pass@8"] for r in rs]),
-                      mean_sd([100 * r["sampled"]["metrics"]["maj@8"] for r in rs]),
-                      mean_sd([100 * r["sampled"]["metrics"].get("format_rate", float("nan")) for r in rs]),
-                      mean_sd([statistics.mean(x["entropy/mean"] for x in r["steps"][-15:]) for r in rs]),
-                      mean_sd([100 * statistics.mean(x.get("gtpo/filtered_frac", 0.0) for x in r["steps"]) for r in rs]),
-                      mean_sd([statistics.mean(x["kl/new_old"] for x in r["steps"] if "kl/new_old" in x) for r in rs])])
+        es = [per_seed[arm][s] for s in sorted(per_seed[arm])]
+        sm = [e["sampled"] for e in es if e["sampled"]]
+        gr = [e["greedy"] for e in es if e["greedy"]]
+        own = [e for e in es if e["own"]]
+        frows.append([claim7b.LABELS[arm], f"{claim7b.LR:g}", f"{len(sm)} / {len(gr)}",
+                      mean_sd([100 * m["pass@1"] for m in sm]), mean_sd([100 * m["pass@1"] for m in gr]),
+                      mean_sd([100 * m["pass@8"] for m in sm]), mean_sd([100 * m["maj@8"] for m in sm]),
+                      mean_sd([100 * m.get("format_rate", float("nan")) for m in sm]),
+                      mean_sd([statistics.mean(x["entropy/mean"] for x in e["steps"][-15:]) for e in own]),
+                      mean_sd([100 * statistics.mean(x.get("gtpo/filtered_frac", 0.0) for x in e["steps"]) for e in own]),
+                      mean_sd([statistics.mean(x["kl/new_old"] for x in e["steps"] if "kl/new_old" in x) for e in own])])
     res["final"] = per_seed
     if frows:
         if start:
@@ -97,14 +114,15 @@ def section() -> tuple[str, dict]:
             frows.insert(0, ["start model", "—", "—", pct(ho["pass@1"]), "—", pct(ho["pass@8"]), pct(ho["maj@8"]),
                              pct(ho.get("format_rate", float("nan"))), "—", "—", "—"])
         out.append("**Held-out** (500 problems; sampled: 8 samples at temperature 1; greedy: one completion at "
-                   "temperature 0; answers from the `<answer>` tag):\n")
-        out.append(table(["arm", "learning rate", "seeds", "sampled pass@1 %", "greedy pass@1 %", "pass@8 %", "maj@8 %",
-                          "format rate %", "token entropy, last 10 %", "filtered %", "KL(π_new‖π_old) per step"],
-                         frows) + "\n")
+                   "temperature 0; answers from the `<answer>` tag; entropy, filtered fraction and KL from this design's "
+                   "own runs):\n")
+        out.append(table(["arm", "learning rate", "seeds sampled / greedy", "sampled pass@1 %", "greedy pass@1 %",
+                          "pass@8 %", "maj@8 %", "format rate %", "token entropy, last 10 %", "filtered %",
+                          "KL(π_new‖π_old) per step"], frows) + "\n")
     crows = []
     for a, b in claim7b.PRIMARY:
         for mode, metric, name in METRICS:
-            c = paired(per_seed, a, b, mode, metric, complete)
+            c = paired(per_seed, a, b, mode, metric)
             if c is None:
                 continue
             res[(a, b, mode, metric)] = c
@@ -119,36 +137,36 @@ def section() -> tuple[str, dict]:
         out.append(table(["difference (points)", "metric", "paired seeds", "mean", "seeds higher", "Wilcoxon signed-rank",
                           "paired t", "MDD (80 % power, points)"], crows) + "\n")
     if res.get("same_start"):
-        out.append(reproduction(per_seed, res) + "\n")
-    finals = [r for seeds in per_seed.values() for s, r in seeds.items() if s in complete]
+        out.append(reproduction(runs, res) + "\n")
+    finals = [e for es in per_seed.values() for e in es.values() if e["sampled"] and e["steps"]]
     if len(finals) >= 5:
-        rho = stats.spearman([statistics.mean(x["entropy/mean"] for x in r["steps"][-15:]) for r in finals],
-                             [r["sampled"]["metrics"]["pass@1"] for r in finals])
+        rho = stats.spearman([statistics.mean(x["entropy/mean"] for x in e["steps"][-15:]) for e in finals],
+                             [e["sampled"]["pass@1"] for e in finals])
         res["entropy_rho"] = rho
-        out.append(f"Across the {len(finals)} final runs, final token entropy and sampled pass@1: Spearman ρ = "
+        out.append(f"Across the {len(finals)} runs with sampled metrics, final token entropy and sampled pass@1: Spearman ρ = "
                    f"{rho['rho']:+.2f} (p = {fmt_p(rho['p'])}).\n")
     res["verdict"] = verdict(res)
     return "\n".join(out), res
 
 
-def reproduction(per_seed: dict, res: dict) -> str:
-    """The reruns of GTPO and GRPO at 5e-5 against the first design's runs of the same seeds and rate (its GTPO
-    finals, its GRPO-at-GTPO's-rate runs): how many reproduce the held-out pass@1 exactly."""
+def reproduction(runs: list[dict], res: dict) -> str:
+    """The reruns of GTPO and GRPO at 5e-5 scored sampled (seed 0) against the first design's runs of the same
+    seed and rate: whether they reproduce the held-out pass@1 and every step's reward exactly."""
     first = read_jsonl_gz(os.path.join(DATA, "claim7.jsonl.gz"))
     old = {("gtpo", r["seed"]): r for r in first if r["kind"] == "final" and r["arm"] == "gtpo" and r["lr"] == claim7b.LR}
     old.update({("grpo", r["seed"]): r for r in first if r["kind"] == "samelr" and r["arm"] == "grpo"
                 and r["lr"] == claim7b.LR})
     parts = []
-    for arm in ("gtpo", "grpo"):
-        pairs = [(per_seed[arm][s]["sampled"]["metrics"]["pass@1"], old[(arm, s)]["metrics"]["pass@1"])
-                 for s in sorted(per_seed.get(arm, {})) if (arm, s) in old]
-        if not pairs:
-            continue
-        same = sum(a == b for a, b in pairs)
-        res[("reproduced", arm)] = (same, len(pairs))
-        parts.append(f"{claim7b.LABELS[arm]}: {same} of {len(pairs)} seeds give the first design's held-out pass@1 "
-                     f"exactly (largest difference {100 * max(abs(a - b) for a, b in pairs):.2f} points)")
-    return ("**Reproduction check** (same start model, same seeds and rate, the code of this design's commit): "
+    for r in runs:
+        if r["arm"] in claim7b.RERUN and r.get("sampled") and (r["arm"], r["seed"]) in old:
+            o = old[(r["arm"], r["seed"])]
+            same_steps = [x.get("reward/mean") for x in r["steps"]] == [x.get("reward/mean") for x in o["steps"]]
+            same = r["sampled"]["metrics"]["pass@1"] == o["metrics"]["pass@1"]
+            res[("reproduced", r["arm"], r["seed"])] = same and same_steps
+            parts.append(f"{claim7b.LABELS[r['arm']]} seed {r['seed']}: held-out pass@1 {pct(r['sampled']['metrics']['pass@1'])} "
+                         f"% against {pct(o['metrics']['pass@1'])} %, every step's mean reward "
+                         + ("equal" if same_steps else "different"))
+    return ("**Reproduction check** (same start model, seed and rate, the code of this design's commit): "
             + "; ".join(parts) + ".") if parts else ""
 
 
@@ -180,6 +198,6 @@ def verdict(res: dict) -> str:
     if "entropy_rho" in res:
         text += (f" Final entropy and sampled pass@1 across the final runs: ρ = {res['entropy_rho']['rho']:+.2f} "
                  f"(p = {fmt_p(res['entropy_rho']['p'])}).")
-    text += (f" Every arm ran at one rate ({claim7b.LR:g}) on {len(res['complete_seeds'])} paired seeds; the tuning that "
+    text += (f" Every arm ran at one rate ({claim7b.LR:g}); the tuning that "
              "would bracket each arm's own optimum was not run, so an arm whose optimum lies elsewhere is compared off it.")
     return text + "\n"
