@@ -85,7 +85,7 @@ def test_default_config_validates():
 @pytest.mark.parametrize("path", shipped_configs(), ids=lambda p: os.path.relpath(p, ROOT))
 def test_shipped_configs_validate(path):
     from gtpo.app import build_peft_config, load_yaml
-    from gtpo.app.training import dataset_spec as _dataset_spec
+    from gtpo.app.common import dataset_spec as _dataset_spec
 
     run, config = split_spec(load_yaml(path), source=path)
     assert run["model"]

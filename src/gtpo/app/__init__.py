@@ -8,7 +8,8 @@
     run_training(spec, source=source, options=options, hooks=RunHooks(accuracy=my_accuracy))
 
 * :mod:`gtpo.app.spec`: the spec (YAML + overrides + preset), validated into run keys and a GTPOConfig;
-* :mod:`gtpo.app.training`: datasets, rewards, model, LoRA, the trainer, accuracy before/after, summary, report;
+* :mod:`gtpo.app.common`: a run's inputs and hooks, datasets and LoRA from a spec, the accuracy, summary, report;
+* :mod:`gtpo.app.training`: loading a run's inputs, gtpo's trainer, accuracy before/after, the resume command;
 * :mod:`gtpo.app.trl_run`: the same on TRL's engine (``engine: trl``);
 * :mod:`gtpo.app.sft`: ``gtpo sft``'s job.
 """
@@ -18,8 +19,9 @@ from __future__ import annotations
 from .spec import (DATASET_KEYS, ENGINES, PEFT_KEYS, RUN_DEFAULTS, RUN_KEYS, SFT_KEYS, TrainSpec, apply_overrides,
                    coerce_value, default_config_text, load_yaml, parse_overrides, parse_value, resolve_train_spec,
                    split_spec)
-from .training import (RunHooks, RunInputs, build_peft_config, finish_run, greedy_accuracy, load_dataset_spec,
-                       load_run_inputs, resume_command, run_training, sft_warmup, write_summary_and_report)
+from .common import (RunHooks, RunInputs, build_peft_config, finish_run, greedy_accuracy, load_dataset_spec,
+                     write_summary_and_report)
+from .training import load_run_inputs, resume_command, run_training, sft_warmup
 
 __all__ = ["DATASET_KEYS", "ENGINES", "PEFT_KEYS", "RUN_DEFAULTS", "RUN_KEYS", "RunHooks", "RunInputs", "SFT_KEYS",
            "TrainSpec", "apply_overrides", "build_peft_config", "coerce_value", "default_config_text", "finish_run",

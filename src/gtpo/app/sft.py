@@ -68,7 +68,7 @@ def run_sft_job(spec: dict[str, Any], *, source: str, options=frozenset()) -> st
     """Train the SFT spec; returns the directory of the saved (merged) model."""
     from ..models import load_model_and_tokenizer
     from ..sft import SFTArgs, run_sft
-    from .training import build_peft_config, load_dataset_spec
+    from .common import build_peft_config, load_dataset_spec
 
     types = {f.name: f.type for f in dataclasses.fields(SFTArgs)}
     settings = {k: coerce_value(k, v, types[k], f"--{k}" if k in options else source)

@@ -15,106 +15,16 @@ import logging
 import os
 import shlex
 import sys
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..config import GTPOConfig
 from ..errors import CheckpointError, ConfigError, TrainingStopped
+from .common import RunHooks, RunInputs, build_peft_config, finish_run, load_dataset_spec, where_of
 from .spec import split_spec
 
 logger = logging.getLogger("gtpo")
 
-__all__ = ["RunHooks", "RunInputs", "build_peft_config", "dataset_spec", "finish_run", "greedy_accuracy", "load_dataset_spec", "load_run_inputs",
-           "resume_command", "run_training", "sft_warmup", "write_summary_and_report"]
-
-#: ``accuracy(model, tokenizer, dataset, reward, config, engine) -> float``: the greedy accuracy of ``model`` on
-#: ``dataset`` (1.0 = every problem correct); ``engine`` is the trainer's vLLM engine or None.
-AccuracyFn = Callable[..., float]
-
-
-def dataset_spec(value: Any, *, default_split: str) -> dict[str, Any]:
-    """A spec's dataset value as a mapping with a ``name`` (or ``path``) and a ``split``."""
-    if value is None:
-        raise ConfigError("no dataset given: set `dataset:` in the config or pass --dataset NAME|FILE")
-    spec = {"name": value} if isinstance(value, str) else dict(value)
-    if "name" not in spec and "path" not in spec:
-        raise ConfigError(f"dataset spec {value!r} needs a 'name' (task name or file path)")
-    spec.setdefault("split", default_split)
-    return spec
-
-
-def load_dataset_spec(value: Any, *, default_split: str):
-    """The dataset of a spec's ``dataset`` / ``eval_dataset`` (a name or file, or a mapping ``{name, split, size,
-    seed, template, system_prompt, columns, path, kwargs}``): :func:`gtpo.data.load_task`."""
-    from ..data import load_task
-
-    spec = dataset_spec(value, default_split=default_split)
-    kwargs = dict(spec.pop("kwargs", None) or {})
-    name = spec.pop("name", None) or spec.get("path")
-    return load_task(name, **spec, **kwargs)
-
-
-def build_peft_config(value: Any):
-    """A ``peft.LoraConfig`` from the spec's ``peft`` (a mapping of LoraConfig fields over r=16, alpha 32, dropout 0,
-    all linear projections; ``true`` for those defaults), or None (``null`` / ``false`` / ``"none"``: full
-    fine-tuning)."""
-    if value in (None, False, "none"):
-        return None
-    from peft import LoraConfig
-
-    opts = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"}
-    opts.update(value if isinstance(value, dict) else {})
-    return LoraConfig(task_type="CAUSAL_LM", **opts)
-
-
-def greedy_accuracy(model, tokenizer, dataset, reward, config: GTPOConfig, engine=None) -> float:
-    """Greedy accuracy of ``model`` on ``dataset`` (n=1, temperature 0, batch 64; ``reward`` scores a reply, None:
-    the evaluation's answer check), decoded by ``engine`` (a vLLM engine) when given."""
-    from ..evaluation.api import evaluate_during_training
-
-    out = evaluate_during_training(
-        model, tokenizer, dataset, n=1, k_list=[1], max_new_tokens=config.eval_max_new_tokens or config.max_completion_length,
-        temperature=0.0, batch_size=64, reward_fn=reward, engine=engine,
-    )
-    return float(out["eval/accuracy_greedy"])
-
-
-def where_of(options, key: str, source: str) -> str:
-    """``--key`` when ``key`` was set on the command line, else ``source`` (the YAML file)."""
-    return f"--{key}" if key in options else source
-
-
-@dataclass
-class RunHooks:
-    """What an experiment or a benchmark may replace in a run, instead of patching it.
-
-    ``accuracy``: the before/after greedy accuracy (``eval_before_after``), called as
-    ``accuracy(model, tokenizer, dataset, reward, config, engine=None) -> float`` on the main process, with the
-    untrained model before training (no adapter yet) and the trained one after; default :func:`greedy_accuracy`.
-    ``on_trainer``: called with the built trainer before training starts (e.g. to keep a reference)."""
-
-    accuracy: AccuracyFn = None  # type: ignore[assignment]
-    on_trainer: Callable[[Any], None] | None = None
-
-    def __post_init__(self) -> None:
-        if self.accuracy is None:
-            self.accuracy = greedy_accuracy
-
-
-@dataclass
-class RunInputs:
-    """What a spec's run is made of once loaded: ``run`` (the run keys) and ``config`` (:class:`GTPOConfig`),
-    the training / held-out datasets, the reward functions, the before/after scorer and the model to train (after
-    the SFT warm-up when there is one)."""
-
-    run: dict[str, Any]
-    config: GTPOConfig
-    train_dataset: Any
-    eval_dataset: Any
-    reward_funcs: list
-    eval_reward: Callable | None
-    model: str
-
+__all__ = ["load_run_inputs", "resume_command", "run_training", "sft_warmup"]
 
 def _check_runnable(run: dict[str, Any], config: GTPOConfig, *, source: str, options) -> None:
     """A run needs a model, a dataset and reward functions; ``use_vllm`` on gtpo's engine needs vLLM."""
@@ -230,22 +140,6 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
     return 0
 
 
-def finish_run(summary: dict[str, Any], inputs: RunInputs, model, tokenizer, before: float | None, *, engine=None,
-               hooks: RunHooks | None = None) -> None:
-    """Main process, after training (either engine): the greedy accuracy after training (with
-    ``eval_before_after``; decoded by ``engine``, the trainer's vLLM engine, when given), then
-    ``summary.json`` and the report."""
-    hooks = hooks or RunHooks()
-    eval_ds, config = inputs.eval_dataset, inputs.config
-    if inputs.run["eval_before_after"] and eval_ds is not None:
-        after = hooks.accuracy(model, tokenizer, eval_ds, inputs.eval_reward, config, engine=engine)
-        summary.update({"accuracy_after": after, "eval_size": len(eval_ds)})
-        if before is not None:
-            summary["accuracy_before"] = before
-        print(f"greedy accuracy after training:  {after:.1%} on {len(eval_ds)} held-out problems", flush=True)
-    write_summary_and_report(config.output_dir, summary)
-
-
 def sft_warmup(model_spec: str, train_ds, run: dict[str, Any], config: GTPOConfig) -> str:
     """The spec's ``sft_warmup``: a supervised format warm-up of ``model_spec`` on ``train_ds``'s answers into
     ``output_dir/sft-warmup`` (reused when it exists); returns the directory RL starts from."""
@@ -262,22 +156,6 @@ def sft_warmup(model_spec: str, train_ds, run: dict[str, Any], config: GTPOConfi
     model, tokenizer = load_model_and_tokenizer(model_spec)
     run_sft(model, tokenizer, data, output_dir=out, peft_config=build_peft_config(run["peft"]), seed=config.seed, **opts)
     return out
-
-
-def write_summary_and_report(output_dir: str, summary: dict[str, Any]) -> None:
-    """``summary.json`` (``summary`` plus the steps, first and last reward, mean step time of ``metrics.jsonl``) and
-    the report (``gtpo report``'s plots) of the run in ``output_dir``; prints the report's path."""
-    from ..checkpoint import write_json_atomic
-    from ..metric_names import canonical_record
-    from ..report import load_metrics, write_report
-
-    steps = [m for m in map(canonical_record, load_metrics(output_dir)) if "reward" in m]
-    if steps:
-        summary.update({"steps": len(steps), "reward_first": steps[0]["reward"], "reward_last": steps[-1]["reward"],
-                        "mean_step_time_s": sum(m.get("step_time", 0.0) for m in steps) / len(steps)})
-    write_json_atomic(os.path.join(output_dir, "summary.json"), summary)
-    path = write_report([output_dir])
-    print(f"report: {path}", flush=True)
 
 
 def resume_command(argv: list[str] | None, *, source: str, output_dir: str) -> str:

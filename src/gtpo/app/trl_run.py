@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from ..errors import ConfigError
-from .training import RunHooks, RunInputs, build_peft_config, finish_run
+from .common import RunHooks, RunInputs, build_peft_config, finish_run
 
 logger = logging.getLogger("gtpo")
 

@@ -1,0 +1,109 @@
+"""The architecture as tests (issue 28): one home for the GTPO composition that every engine calls, an application
+layer the CLI calls, no import cycle, no module importing the CLI, one loss signature. Read from the source with
+``ast``; nothing is imported but the loss table."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "gtpo"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(SRC).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules) -> tuple[set[str], set[tuple[str, str]]]:
+    """Modules of the package ``name`` imports (anywhere in the file, lazy imports included) and the
+    ``(module, imported name)`` pairs of its ``from X import a`` statements."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    targets, names = set(), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            candidates = [module] + [f"{module}.{a.name}" for a in node.names]
+            names |= {(module, a.name) for a in node.names}
+        elif isinstance(node, ast.Import):
+            candidates = [a.name for a in node.names]
+        else:
+            continue
+        targets |= {c for c in candidates if c in modules and c != name}
+    return targets, names
+
+
+MODULES = _modules()
+GRAPH = {name: _imports(name, path, MODULES) for name, path in MODULES.items()}
+
+
+def test_no_import_cycle_in_the_package():
+    # Tarjan's strongly connected components over every import, lazy ones included
+    index, low, stack, on_stack, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v][0]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_no_module_imports_the_cli():
+    assert [m for m, (targets, _) in GRAPH.items() if "gtpo.cli" in targets and m != "gtpo.cli"] == []
+
+
+@pytest.mark.parametrize("engine", ["gtpo.trainer", "gtpo.integrations.trl"])
+def test_engines_call_the_method_module_and_hold_no_copy_of_its_composition(engine):
+    targets, names = GRAPH[engine]
+    assert "gtpo.method" in targets
+    composed = {("gtpo.conflict", "conflict_weights"), ("gtpo.conflict", "conflict_runs"),
+                ("gtpo.advantages", "entropy_control"), ("gtpo.advantages", "shape_advantages"),
+                ("gtpo.advantages", "sign_mask"), ("gtpo.advantages", "varying_groups"),
+                ("gtpo.losses", "gtpo_loss")}
+    assert names & composed == set()  # the pieces reach the engines only through gtpo.method / POLICY_LOSSES
+
+
+def test_the_cli_calls_the_application_layer():
+    targets, _ = GRAPH["gtpo.cli"]
+    assert "gtpo.app.training" in targets or "gtpo.app" in targets
+    assert "gtpo.trainer" not in targets and "gtpo.integrations.trl" not in targets
+
+
+def test_every_policy_loss_has_the_one_signature():
+    from gtpo.losses import POLICY_LOSSES
+
+    for loss_type, fn in POLICY_LOSSES.items():
+        params = list(inspect.signature(fn).parameters)
+        assert params == ["logp", "old_logp", "advantages", "completion_mask", "extras", "config"], loss_type
