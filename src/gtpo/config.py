@@ -51,12 +51,15 @@ CONFLICT_COUNT = ("max_run", "union")
 COMPLETION_REDUCTIONS = ("sum", "mean")
 REPORT_TARGETS = ("none", "tensorboard", "wandb", "trackio")
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+RUN_DTYPES = ("auto", "float32", "bfloat16")
+OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adamw_8bit", "paged_adamw_8bit")
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 #: GTPOConfig's vLLM fields that are trl.GRPOConfig fields of the same name and meaning: TRL's engine passes them on
 #: when set (TRL keeps its own defaults otherwise, e.g. vllm_importance_sampling_mode "sequence_mask")
 SHARED_VLLM_FIELDS = ("use_vllm", "vllm_gpu_memory_utilization", "vllm_max_model_length",
                       "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
-                      "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min")
+                      "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min",
+                      "vllm_enable_sleep_mode")
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -274,7 +277,7 @@ class GTPOConfig:
     )
     vllm_dtype: str = _f(
         "auto",
-        "dtype of the engine's weights and computation: 'auto' (the policy's dtype), 'float32', 'bfloat16' or "
+        "dtype of the engine's weights and computation: 'auto' (the run's dtype), 'float32', 'bfloat16' or "
         "'float16'. A lower precision than the policy's samples faster but widens the gap between vLLM's log-probs "
         "and the trainer's (measured on CPU with SmolLM2: float32 ~1e-5 nats per token, bfloat16 up to ~0.3); the "
         "importance-sampling correction is for that gap. [D]",
@@ -283,6 +286,13 @@ class GTPOConfig:
         None,
         "Run the engine without torch.compile and CUDA graphs (vLLM's enforce_eager). None: eager on CPU (compiling "
         "costs 35-45 s per engine on these CPUs and gains little there), compiled on GPU. [D]",
+    )
+    vllm_enable_sleep_mode: bool = _f(
+        False,
+        "GPU: put the engine to sleep after each rollout (vLLM's sleep level 2: its weights and KV cache are freed) "
+        "and wake it before the next one (weights first, then synced, then the KV cache), so the update has the "
+        "engine's memory too; costs a wake-up per step. As TRL's vllm_enable_sleep_mode. vLLM has no sleep mode on "
+        "CPU: refused there.",
     )
     vllm_importance_sampling_correction: bool | None = _f(
         None,
@@ -336,15 +346,40 @@ class GTPOConfig:
     model_init_kwargs: dict[str, Any] | None = _f(
         None,
         "Keyword arguments of AutoModelForCausalLM.from_pretrained when model is a name or path (as TRL's "
-        "GRPOConfig.model_init_kwargs): dtype ('auto', 'bfloat16', 'float16', 'float32'; default float32), "
+        "GRPOConfig.model_init_kwargs): dtype ('auto', 'bfloat16', 'float16', 'float32'; read as the run's dtype when "
+        "dtype is unset; gtpo's trainer then loads the weights as docs/gpu.md says), "
         "attn_implementation ('eager', 'sdpa', 'flash_attention_2', ...), quantization_config (a mapping of "
         "transformers.BitsAndBytesConfig fields, e.g. {load_in_4bit: true, bnb_4bit_quant_type: nf4, "
         "bnb_4bit_compute_dtype: bfloat16}: a 4-bit base trained through a LoRA adapter, i.e. QLoRA; needs "
-        "bitsandbytes and a peft config), device_map, ... Generation and the training forward run in that dtype; "
-        "log-probs and entropies are computed in float32 from the hidden states. [C] trains a 4-bit base with "
-        "LoRA r=128.",
+        "bitsandbytes and a peft config; bnb_4bit_compute_dtype defaults to the run's dtype), device_map (gtpo's "
+        "trainer on a GPU: default {'': this process's GPU}), ... [C] trains a 4-bit base with LoRA r=128.",
     )
-    bf16: bool = _f(False, "Train in bfloat16 mixed precision (autocast; GPU, or CPUs with bf16 support).")
+    bf16: bool = _f(
+        False,
+        "Train in bfloat16 (TRL's name): the same as dtype: bfloat16 (refused together with a float32 dtype). "
+        "TRL's engine: passed as bf16.",
+    )
+    dtype: str | None = _f(
+        None,
+        "Precision of the run: 'float32', 'bfloat16', or 'auto': bfloat16 where the hardware multiplies in it "
+        "natively (a CUDA GPU with bf16, compute capability >= 8.0; a CPU with avx512_bf16 or AMX), float32 "
+        "elsewhere. In bfloat16 the sampling forward, the training forward and the LM head's matmul run in bfloat16 "
+        "(torch.autocast); the trainable parameters (the LoRA adapter, or in full fine-tuning every weight: float32 "
+        "master weights), the optimizer state, the log-probs, entropies and the loss stay float32; frozen weights "
+        "(the base under LoRA or QLoRA, the reference model) are held in bfloat16; vllm_dtype 'auto' follows it. "
+        "docs/gpu.md has the table per path. None: model_init_kwargs.dtype when given ('auto' there means this "
+        "rule too), else bfloat16 with bf16: true, else float32. gtpo's trainer refuses float16 (it does no loss "
+        "scaling). TRL's engine: model_init_kwargs.dtype and bf16. [D]",
+    )
+    optim: str = _f(
+        "adamw_torch_fused",
+        "Optimizer, as transformers (TrainingArguments.optim) and TRL name it: 'adamw_torch_fused' (torch AdamW, one "
+        "fused kernel over all parameters; transformers' default), 'adamw_torch' (torch AdamW, per-tensor foreach "
+        "kernels), 'adamw_8bit' (bitsandbytes AdamW8bit: 8-bit moments, 2 bytes of state per parameter instead of "
+        "8) or 'paged_adamw_8bit' (bitsandbytes PagedAdamW8bit: the same in paged memory that the GPU spills to the "
+        "host under memory pressure; on CPU bitsandbytes runs it unpaged). [C] trains with paged_adamw_8bit. The "
+        "8-bit ones need bitsandbytes (pip install bitsandbytes). TRL's engine: passed as optim.",
+    )
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass to save memory.")
     log_policy_change: bool = _f(
         False,
@@ -492,6 +527,33 @@ class GTPOConfig:
                 "mismatch. Leave it None (off here), or set logprob_temperature to null, the temperature or 1.0")
 
     @property
+    def requested_dtype(self) -> str:
+        """The run's dtype as asked (``"auto"`` is resolved against the hardware by
+        :func:`gtpo.setup.resolve_dtype`): ``dtype``, else ``model_init_kwargs.dtype``, else ``"bfloat16"``
+        with ``bf16``, else ``"float32"``."""
+        if self.dtype is not None:
+            return self.dtype
+        loaded = (self.model_init_kwargs or {}).get("dtype")
+        if loaded is not None:
+            return loaded
+        return "bfloat16" if self.bf16 else "float32"
+
+    def _validate_precision(self) -> None:
+        if self.dtype is not None and self.dtype not in RUN_DTYPES:
+            raise ValueError(f"GTPOConfig.dtype must be None or one of {list(RUN_DTYPES)}, got {self.dtype!r}")
+        if self.optim not in OPTIMIZERS:
+            raise ValueError(f"GTPOConfig.optim must be one of {list(OPTIMIZERS)} (transformers' and TRL's names), "
+                             f"got {self.optim!r}")
+        loaded = (self.model_init_kwargs or {}).get("dtype")
+        if self.dtype is not None and loaded is not None and loaded != self.dtype:
+            raise ValueError(f"GTPOConfig.dtype ({self.dtype!r}) and model_init_kwargs.dtype ({loaded!r}) disagree: "
+                             "set one of them (dtype is the run's precision; docs/gpu.md)")
+        if self.bf16 and self.requested_dtype not in ("bfloat16", "auto"):
+            where = "dtype" if self.dtype is not None else "model_init_kwargs.dtype"
+            raise ValueError(f"GTPOConfig.bf16 is true but {where} is {self.requested_dtype!r}: bf16: true means "
+                             "dtype: bfloat16; set one of them")
+
+    @property
     def resolved_vllm_max_model_length(self) -> int:
         """``vllm_max_model_length``, or the prompt budget plus the longest generation of the run."""
         if self.vllm_max_model_length is not None:
@@ -622,6 +684,7 @@ class GTPOConfig:
         ):
             raise ValueError(f"GTPOConfig.reward_weights must be a list of finite numbers, got {self.reward_weights!r}")
         _check_model_init_kwargs(self.model_init_kwargs)
+        self._validate_precision()
         if not self.eval_k or any((not isinstance(k, int)) or k < 1 for k in self.eval_k):
             raise ValueError(f"GTPOConfig.eval_k must be a non-empty list of integers >= 1, got {self.eval_k!r}")
 

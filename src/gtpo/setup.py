@@ -1,0 +1,355 @@
+"""Setting up a run of gtpo's trainer, one part per function: the precision, the policy model (loading,
+quantization, gradient checkpointing, PEFT), the reference model, the optimizer and the scheduler.
+
+:class:`gtpo.trainer.GTPOTrainer` calls them in this order; each can be read and tested alone
+(``tests/test_setup.py``). They implement the dtype and device contract of ``docs/gpu.md``:
+
+=====================  ===================  ==================  ==================================
+path                   weights held in      trainable params    forward (sampling, training, head)
+=====================  ===================  ==================  ==================================
+float32 (any)          float32              float32             float32
+bf16 full fine-tuning  float32 (master)     float32             bfloat16 (autocast)
+bf16 LoRA              bfloat16 (frozen)    float32 (adapter)   bfloat16 (autocast)
+bf16 QLoRA             4-bit + bfloat16     float32 (adapter)   bfloat16 (autocast, 4-bit kernels)
+=====================  ===================  ==================  ==================================
+
+In every path the optimizer state (AdamW's moments; 8-bit with ``optim: adamw_8bit``), the log-probs,
+the entropies and the loss are float32, and the reference model (``beta > 0`` without LoRA) is held
+in the forward's dtype. On a GPU every process loads its model onto its own device
+(``device_map={"": local index}``), which a 4-bit base needs (bitsandbytes places it at load time).
+
+Float32 (the default) is the trainer's behaviour before this module existed, bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Collection, Iterable
+
+import torch
+from torch import nn
+
+from .config import GTPOConfig
+
+__all__ = ["NATIVE_BF16_CPU_FLAGS", "Precision", "build_optimizer", "build_reference_model", "build_scheduler",
+           "add_adapter", "check_quantized_placement", "cpu_flags", "has_native_bf16", "is_quantized", "load_policy_model",
+           "policy_load_kwargs", "precision_for", "prepare_quantized_base", "prepare_tokenizer", "requested_dtype",
+           "resolve_dtype", "run_load_kwargs", "vllm_dtype_name"]
+
+logger = logging.getLogger("gtpo")
+
+#: /proc/cpuinfo flags of CPUs that multiply bfloat16 natively (AVX-512 BF16, Intel AMX).
+NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+# ----------------------------------------------------------------------------- precision
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The CPU's feature flags (the ``flags`` line of ``/proc/cpuinfo``, or of the text ``cpuinfo``);
+    empty where there is no such file (not Linux)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as fh:
+                cpuinfo = fh.read()
+        except OSError:
+            return frozenset()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def has_native_bf16(device: torch.device, *, flags: Collection[str] | None = None) -> bool:
+    """Whether ``device`` multiplies bfloat16 natively: a CUDA GPU with bf16 tensor cores (compute
+    capability >= 8.0, not emulated), a CPU with one of :data:`NATIVE_BF16_CPU_FLAGS` (``flags``: the
+    CPU's flags, default :func:`cpu_flags`)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type == "cpu":
+        found = cpu_flags() if flags is None else flags
+        return any(f in found for f in NATIVE_BF16_CPU_FLAGS)
+    if device.type == "xpu":
+        return bool(getattr(torch, "xpu", None) and torch.xpu.is_available() and torch.xpu.is_bf16_supported())
+    return False
+
+
+def resolve_dtype(requested: str, device: torch.device, *, flags: Collection[str] | None = None) -> torch.dtype:
+    """The compute dtype of a run that asked for ``requested`` (:attr:`GTPOConfig.requested_dtype`) on
+    ``device``: ``"auto"`` is bfloat16 where :func:`has_native_bf16`, float32 elsewhere."""
+    if requested == "auto":
+        return torch.bfloat16 if has_native_bf16(device, flags=flags) else torch.float32
+    if requested == "float16":
+        raise ValueError("GTPOConfig.dtype (or model_init_kwargs.dtype) float16: gtpo's trainer does no loss "
+                         "scaling, so float16 gradients underflow; use bfloat16 (or float32), or TRL's engine "
+                         "(engine: trl) with fp16: true")
+    if requested not in _DTYPES:
+        raise ValueError(f"GTPOConfig.dtype must be one of 'auto', 'float32', 'bfloat16', got {requested!r}")
+    return _DTYPES[requested]
+
+
+def requested_dtype(args: GTPOConfig, model: str | nn.Module) -> str:
+    """The dtype a run asks for: :attr:`GTPOConfig.requested_dtype` when the config says one (``dtype``,
+    ``model_init_kwargs.dtype`` or ``bf16``), else the dtype of a loaded ``model`` (a bfloat16 model
+    trains in bfloat16), else float32."""
+    said = args.dtype is not None or (args.model_init_kwargs or {}).get("dtype") is not None or args.bf16
+    if said or isinstance(model, str):
+        return args.requested_dtype
+    dtypes = {p.dtype for p in model.parameters() if p.dtype.is_floating_point}
+    return str(dtypes.pop()).removeprefix("torch.") if len(dtypes) == 1 else "float32"
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The dtypes of a run (the table of the module documentation).
+
+    ``compute``: the dtype of the forward's matmuls (sampling, training forward, LM head);
+    ``load``: the dtype the weights are held in (``from_pretrained(dtype=...)``); ``trainable``: the
+    trainable parameters' (and so the optimizer's) dtype, float32 always.
+    """
+
+    compute: torch.dtype
+    load: torch.dtype
+    trainable: torch.dtype = torch.float32
+
+    @property
+    def autocast(self) -> bool:
+        """Whether forwards run under ``torch.autocast(dtype=compute)`` (a lower precision than float32)."""
+        return self.compute != torch.float32
+
+    def context(self, device: torch.device | str):
+        """``torch.autocast`` in the compute dtype on ``device``'s type, or a no-op context in float32."""
+        if not self.autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=torch.device(device).type, dtype=self.compute)
+
+
+def precision_for(compute: torch.dtype, *, adapter: bool) -> Precision:
+    """The :class:`Precision` of a run computing in ``compute``: an adapter (LoRA/QLoRA) trains over a base
+    held in ``compute``; full fine-tuning holds float32 master weights (a bfloat16 weight does not move
+    under AdamW steps of ~1e-6 relative size: 8 significant bits)."""
+    return Precision(compute=compute, load=compute if adapter else torch.float32)
+
+
+def vllm_dtype_name(requested: str, precision: Precision) -> str:
+    """The vLLM engine's dtype: ``vllm_dtype`` when set, else (``"auto"``) the run's compute dtype (not the
+    dtype the weights are held in: float32 master weights, or a float32 embedding, would start a float32
+    engine)."""
+    if requested != "auto":
+        return requested
+    return str(precision.compute).removeprefix("torch.")
+
+
+# ----------------------------------------------------------------------------- the policy model
+def prepare_tokenizer(tokenizer, model: str | nn.Module):
+    """The policy's tokenizer (loaded from ``model``'s name or path when None), left-padded, with a pad
+    token (its EOS token when it has none)."""
+    from .models import load_tokenizer
+
+    if tokenizer is None:
+        source = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
+        if not source:
+            raise ValueError("processing_class (the tokenizer) is required when model is an object without a path")
+        tokenizer = load_tokenizer(source)
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError("the tokenizer has neither a pad token nor an EOS token; set tokenizer.pad_token")
+        logger.warning("the tokenizer has no pad token: using its EOS token %r as pad", tokenizer.eos_token)
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """Whether ``model`` (or the model under a peft wrapper) has a 4-bit or 8-bit base."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return bool(getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False)
+                or getattr(base, "is_quantized", False))
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def policy_load_kwargs(user_kwargs: dict | None, precision: Precision, device: torch.device) -> dict[str, Any]:
+    """The ``from_pretrained`` keyword arguments of the policy: ``model_init_kwargs``
+    (:func:`gtpo.models.model_init_kwargs`: dtype names, quantization mappings) with ``dtype`` the
+    precision's ``load`` dtype, a 4-bit base computing in the run's dtype unless its
+    ``bnb_4bit_compute_dtype`` is set, and on a GPU ``device_map={"": this process's device index}``
+    unless ``device_map`` is given (each DDP process loads onto its own GPU; bitsandbytes would put
+    every process's 4-bit base on ``torch.cuda.current_device()``, GPU 0 before the process group exists)."""
+    from .models import model_init_kwargs
+
+    given = dict(user_kwargs or {})
+    quant = given.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("load_in_4bit") and "bnb_4bit_compute_dtype" not in quant:
+        given["quantization_config"] = {**quant, "bnb_4bit_compute_dtype": str(precision.compute).removeprefix("torch.")}
+    out = model_init_kwargs(given)
+    out["dtype"] = precision.load
+    device = torch.device(device)
+    if device.type == "cuda" and "device_map" not in out:
+        out["device_map"] = {"": _device_index(device)}
+    return out
+
+
+def run_load_kwargs(args: GTPOConfig, *, adapter: bool, device: torch.device) -> dict[str, Any]:
+    """:func:`policy_load_kwargs` of a run that loads its model itself before building the trainer (the
+    application layer): the dtype rule against ``device`` (this process's: ``PartialState().device``, which
+    must exist first so that a 4-bit base lands on this process's GPU), ``adapter`` whether a peft config
+    trains. The trainer then keeps the model as it is."""
+    precision = precision_for(resolve_dtype(args.requested_dtype, device), adapter=adapter)
+    return policy_load_kwargs(args.model_init_kwargs, precision, device)
+
+
+def _first_device(model: nn.Module) -> torch.device:
+    return next(p.device for p in model.parameters())
+
+
+def check_quantized_placement(model: nn.Module, device: torch.device) -> None:
+    """Refuse a quantized model whose weights are on another accelerator than this process's ``device``
+    (a 4-bit base cannot be moved by DDP's ``.to``; bitsandbytes placed it when it was loaded)."""
+    device = torch.device(device)
+    if not is_quantized(model) or device.type == "cpu":
+        return
+    where = {p.device for p in model.parameters()}
+    want = torch.device(device.type, _device_index(device))
+    if where != {want}:
+        raise ValueError(
+            f"the model's 4-bit/8-bit base is on {sorted(map(str, where))} but this process trains on {want}: a "
+            "quantized base is placed when it is loaded and cannot be moved. Pass the model's name or path to "
+            "GTPOTrainer (it loads each process's copy onto that process's GPU), or load it with "
+            f"device_map={{'': {want.index}}} (the process's LOCAL_RANK)")
+
+
+def prepare_quantized_base(model: nn.Module, precision: Precision) -> nn.Module:
+    """A 4-bit/8-bit base prepared for adapter training: every weight frozen, the non-quantized weights
+    (embeddings, norms, LM head) held in the precision's ``load`` dtype (peft's
+    ``prepare_model_for_kbit_training`` would upcast them to float32: a float32 head of 128k x 4096 is
+    2 GB more and a float32 head matmul; TRL keeps them in bfloat16 too), and bitsandbytes' CPU repacking
+    switched off (:func:`gtpo.models.keep_4bit_weights_trainable`)."""
+    from .models import keep_4bit_weights_trainable
+
+    for param in model.parameters():
+        param.requires_grad_(False)
+        if param.dtype.is_floating_point and param.dtype != precision.load and type(param).__name__ != "Params4bit":
+            param.data = param.data.to(precision.load)
+    keep_4bit_weights_trainable(model)
+    return model
+
+
+def _cast_base(model: nn.Module, precision: Precision) -> nn.Module:
+    """A loaded (not quantized) model's floating-point weights in the precision's ``load`` dtype."""
+    if any(p.dtype.is_floating_point and p.dtype != precision.load for p in model.parameters()):
+        model = model.to(precision.load)
+    return model
+
+
+def load_policy_model(model: str | nn.Module, args: GTPOConfig, *, peft_config, precision: Precision,
+                      device: torch.device) -> nn.Module:
+    """The model the trainer optimises, on CPU or already on ``device`` (4-bit bases, GPU loads).
+
+    ``model``: a name or path (loaded with :func:`policy_load_kwargs`) or a loaded ``PreTrainedModel``
+    (its weights cast to the precision's ``load`` dtype; a quantized one must already be on ``device``:
+    :func:`check_quantized_placement`). A quantized base needs ``peft_config`` and is prepared with
+    :func:`prepare_quantized_base`; then gradient checkpointing (``use_reentrant=False``) and the
+    adapter (``get_peft_model``), whose trainable parameters are float32.
+    """
+    from transformers import PreTrainedModel
+
+    from .models import load_model
+
+    if isinstance(model, str):
+        base = load_model(model, **policy_load_kwargs(args.model_init_kwargs, precision, device))
+    elif isinstance(model, PreTrainedModel):
+        base = model
+        check_quantized_placement(base, device)
+        if not is_quantized(base):
+            base = _cast_base(base, precision)
+    else:
+        raise ValueError(f"model must be a hub id, a local path or a transformers PreTrainedModel, got "
+                         f"{type(model).__name__}")
+    if is_quantized(base):
+        if peft_config is None:
+            raise ValueError("the model's base is quantized (model_init_kwargs.quantization_config): only an "
+                             "adapter can be trained on it; give a peft config (peft: {r: ...} in the YAML)")
+        base = prepare_quantized_base(base, precision)
+    if args.gradient_checkpointing:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if peft_config is not None and hasattr(base, "enable_input_require_grads"):
+            base.enable_input_require_grads()
+    return base
+
+
+def add_adapter(base: nn.Module, peft_config, precision: Precision) -> nn.Module:
+    """``get_peft_model(base, peft_config)`` with every trainable parameter in the precision's ``trainable``
+    dtype (peft upcasts bf16 adapters to float32 itself; this makes it a rule)."""
+    from peft import get_peft_model
+
+    model = get_peft_model(base, peft_config)
+    for param in model.parameters():
+        if param.requires_grad and param.dtype != precision.trainable:
+            param.data = param.data.to(precision.trainable)
+    return model
+
+
+def build_reference_model(base: nn.Module, args: GTPOConfig, *, adapter: bool, precision: Precision
+                          ) -> nn.Module | None:
+    """The frozen reference model of the KL term (``beta > 0``), a copy of the initial policy held in the
+    compute dtype; None without KL, or with an adapter (the base with the adapter disabled is the
+    reference)."""
+    if args.beta <= 0 or adapter:
+        return None
+    ref = copy.deepcopy(base).eval().requires_grad_(False)
+    return _cast_base(ref, Precision(compute=precision.compute, load=precision.compute))
+
+
+# ----------------------------------------------------------------------------- optimisation
+def _param_groups(params: Iterable[nn.Parameter], weight_decay: float) -> list[dict]:
+    params = list(params)
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+
+def build_optimizer(params: Iterable[nn.Parameter], args: GTPOConfig, device: torch.device) -> torch.optim.Optimizer:
+    """The optimizer of ``optim`` over ``params`` (matrices with ``weight_decay``, vectors without):
+
+    * ``adamw_torch_fused``: ``torch.optim.AdamW(fused=True)`` where the device and dtypes allow it
+      (CPU, CUDA; floating-point parameters), else the default implementation;
+    * ``adamw_torch``: ``torch.optim.AdamW`` (foreach kernels);
+    * ``adamw_8bit`` / ``paged_adamw_8bit``: bitsandbytes' ``AdamW8bit`` / ``PagedAdamW8bit``.
+    """
+    params = list(params)
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    groups = _param_groups(params, args.weight_decay)
+    common = dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+    device = torch.device(device)
+    if args.optim in ("adamw_torch_fused", "adamw_torch"):
+        fused = args.optim == "adamw_torch_fused" and device.type in ("cpu", "cuda") \
+            and all(p.dtype.is_floating_point for p in params)
+        return torch.optim.AdamW(groups, **common, fused=True if fused else None)
+    try:
+        import bitsandbytes as bnb
+    except ImportError as err:
+        raise ValueError(f"GTPOConfig.optim={args.optim!r} needs bitsandbytes, which is not installed: "
+                         "pip install bitsandbytes (or optim: adamw_torch_fused)") from err
+    cls = bnb.optim.PagedAdamW8bit if args.optim == "paged_adamw_8bit" else bnb.optim.AdamW8bit
+    return cls(groups, **common)  # paged on CPU: bitsandbytes warns and runs it unpaged
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, args: GTPOConfig):
+    """``transformers.get_scheduler(lr_scheduler_type)`` over ``max_steps`` with ``warmup_ratio`` of them
+    warming up (rounded up)."""
+    from transformers import get_scheduler
+
+    try:
+        return get_scheduler(args.lr_scheduler_type, optimizer,
+                             num_warmup_steps=int(math.ceil(args.warmup_ratio * args.max_steps)),
+                             num_training_steps=args.max_steps)
+    except (ValueError, TypeError, KeyError) as err:
+        raise ValueError(f"GTPOConfig.lr_scheduler_type={args.lr_scheduler_type!r} cannot be used: {err}") from err
