@@ -22,8 +22,8 @@ What it builds (deterministic given ``--seed``), under ``experiments/.cache/tiny
 * ``probes.json``: the probe texts of claim 1 (``{name: [prefix, target]}``): prefixes are real
   prompts of the test split rendered with the chat template (the text the policy sees).
 
-Usage: ``python experiments/pretrain.py [--seed 0] [--force]``; ``experiments/suite.py`` calls
-:func:`ensure_tiny_model` itself. Nothing here is committed (``experiments/.gitignore``).
+Usage: ``python experiments/pretrain.py [--seed 0] [--force]``; the protocol's builders
+(``protocol/claim7.py``, ``protocol/stress.py``) and ``legacy/suite.py`` call :func:`ensure_tiny_model` / :func:`build` themselves. Nothing here is committed (``experiments/.gitignore``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh test
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-python -m pytest -q tests experiments/test_experiments.py experiments/test_protocol.py "$@"
+python -m pytest -q tests experiments/test_experiments.py experiments/test_protocol.py experiments/legacy/test_suite.py "$@"
 deactivate
 if [ "${SKIP_VLLM_TESTS:-0}" != 1 ]; then
   bash scripts/test-vllm.sh

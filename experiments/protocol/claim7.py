@@ -68,7 +68,7 @@ TUNE_SEEDS = (100, 101, 102)
 FINAL_SEEDS = tuple(range(16))
 #: arms in the order their jobs run (the core comparison first)
 ARMS: dict[str, list[str]] = {
-    "gtpo": ["--preset", "official"],   # the released code's GTPO (experiments/configs/methods.yaml)
+    "gtpo": ["--preset", "official"],   # the released code's GTPO (the official preset)
     "grpo": ["--preset", "grpo"],
     "dapo": ["--preset", "dapo"],
     "gtpo_paper": ["--preset", "paper"],  # the paper's printed objective and <H>_ini filter rule
