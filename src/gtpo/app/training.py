@@ -85,12 +85,16 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
     from accelerate import PartialState
 
     from ..models import load_model_and_tokenizer
+    from ..setup import run_load_kwargs
     from ..trainer import GTPOTrainer, cpu_only
 
     run, config, eval_ds = inputs.run, inputs.config, inputs.eval_dataset
-    model, tokenizer = load_model_and_tokenizer(inputs.model, **(config.model_init_kwargs or {}))
     probes = {k: tuple(v) for k, v in (run["probes"] or {}).items()}
     state = PartialState(cpu=cpu_only())  # as the trainer's Accelerator: the process state is a singleton
+    # loaded after the process state exists, as the trainer would load it (gtpo.setup, docs/gpu.md): the run's dtype,
+    # and on a GPU onto this process's device (a 4-bit base is placed while loading: GPU 0 for all otherwise)
+    model, tokenizer = load_model_and_tokenizer(
+        inputs.model, **run_load_kwargs(config, adapter=run["peft"] is not None, device=state.device))
     resume = run["resume_from_checkpoint"]
     measure_before = run["eval_before_after"] and eval_ds is not None and not resume
     before = None
