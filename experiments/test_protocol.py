@@ -561,3 +561,27 @@ def test_claim1_verdict_follows_the_data():
     assert "lowers shared tokens detectably in only 1 of 2 states, by at most 2.0e-04" in verdicts.claim1(res)
     res[("tiny-a-short_neg", *key)] = arm(-8e-3, 0.2)
     assert verdicts.label(verdicts.claim1(res)) == "not reproduced under the induced premise"
+
+
+def test_attribution_pairs_only_seeds_with_both_evaluations():
+    from experiments.protocol import report_attribution as ra
+
+    def e(sampled=None, greedy=None):
+        return {"sampled": None if sampled is None else {"pass@1": sampled},
+                "greedy": None if greedy is None else {"pass@1": greedy}, "steps": [], "own": True}
+
+    per = {"a": {0: e(0.40, 0.50), 1: e(0.42, None), 2: e(0.44, 0.52), 3: e(0.41, 0.55)},
+           "b": {0: e(0.38, 0.50), 1: e(0.40, 0.51), 2: e(0.40, 0.50), 3: e(0.40, None)}}
+    c = ra.paired(per, "a", "b", "sampled", "pass@1")
+    assert c["seeds"] == [0, 1, 2, 3] and c["mean"] == pytest.approx(0.0225) and c["higher"] == 4
+    assert ra.paired(per, "a", "b", "greedy", "pass@1") is None  # seeds 0 and 2 only: fewer than 3
+    assert ra._seeds(per["a"], "greedy") == "0, 2, 3" and ra._seeds(per["b"], "sampled") == "0-3 (4)"
+
+
+def test_stress_models_compare_by_their_records():
+    from experiments.protocol.report_optimiser import same_model
+
+    a = {"kind": "start", "error_rate_other": 0.112, "entropy_other": 0.175, "build_seconds": 452.0}
+    assert same_model(a, dict(a, build_seconds=850.0, build_cpu_seconds=300.0))
+    assert not same_model(a, dict(a, error_rate_other=0.076))
+    assert not same_model(a, None)

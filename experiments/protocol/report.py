@@ -1176,6 +1176,26 @@ def _status_rows(onestep: dict, smol_res: dict, stress_res: dict, stress_b_res: 
     ]
 
 
+def _new_design_rows(c7b_res: dict, opt_res: dict) -> list[list[str]]:
+    """Status rows of the designs declared before their runs (issue 32 items 1 and 2)."""
+    from . import claim7b, stress_opt
+    from .declare import describe
+
+    rows = []
+    if c7b_res:
+        per = c7b_res["final"]
+        rows.append(["claim 7 attribution (issue 32 item 1; declared, checked)",
+                     "; ".join(f"{claim7b.LABELS[a]}: {sum(1 for e in per[a].values() if e['own'])} runs"
+                               for a in claim7b.ARMS if a in per) + f". {describe(c7b_res['check'])}",
+                     f"`experiments/data/{os.path.relpath(claim7b.DATA_FILE, DATA)}`"])
+    if opt_res:
+        n_p, n_m = len(opt_res.get("pilot", [])), len(opt_res.get("main", []))
+        rows.append(["claim 2 under the released optimiser (issue 32 item 2; declared, checked)",
+                     f"pilot {n_p} runs, main grid {n_m} of {len(stress_opt.ARMS) * stress_opt.N_MAIN * len(stress_opt.MAIN_SEEDS)} "
+                     f"runs. {describe(opt_res['check'])}", f"`experiments/data/{os.path.relpath(stress_opt.DATA_FILE, DATA)}`"])
+    return rows
+
+
 def write_results(default_arm: str = DEFAULT_ARM) -> str:
     onestep = load_onestep()
     one_txt, one_res = onestep_section(onestep)
@@ -1207,7 +1227,8 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
         "nothing here needs training to regenerate. The earlier suite's results, which could not decide most "
         "claims (see issue 16), are kept in [results-suite.md](results-suite.md).\n",
         "## Where the protocol stands\n",
-        table(["protocol item", "state", "raw data"], _status_rows(onestep, smol_res, stress_res, stress_b_res, c7_res, default_arm)) + "\n",
+        table(["protocol item", "state", "raw data"], _status_rows(onestep, smol_res, stress_res, stress_b_res, c7_res, default_arm)
+              + _new_design_rows(c7b_res, opt_res)) + "\n",
         status,
         "## Claim 1: GRPO pushes down tokens shared by positive and negative completions; GTPO protects them\n",
         v1,
@@ -1224,11 +1245,11 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
               VERDICTS.get("claim2_b", "") if stress_b_res else "", stress_b_txt if stress_b_res else "",
               f"![claim 2, stress grid, replicate b]({figs['stress_b']})\n" if figs.get("stress_b") else "",
               "### Under the released optimiser\n" if opt_res else "",
-              (stress_opt_design() + v2opt + opt_txt) if opt_res else "",
+              "\n".join((stress_opt_design(), v2opt, opt_txt)) if opt_res else "",
               "## Claim 7: GTPO reaches higher accuracy\n", v7, VERDICTS.get("claim7", ""), c7_txt,
               f"![claim 7, accuracy]({figs['claim7']})\n" if figs.get("claim7") else "",
               "### Attribution: which part of GTPO carries the gain (rebuilt start model)\n" if c7b_res else "",
-              (claim7b_design() + v7b + c7b_txt) if c7b_res else "",
+              "\n".join((claim7b_design(), v7b, c7b_txt)) if c7b_res else "",
               "## SmolLM2-135M on the default task\n", VERDICTS.get("smol", ""), smol_txt if smol_res else "(no runs yet)\n"]
     if figs.get("smol"):
         parts.append(f"![default task]({figs['smol']})\n")
