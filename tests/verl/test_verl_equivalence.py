@@ -44,10 +44,12 @@ def _reference(r, gcfg, logp, old):
                                       sign_rows=inputs.sign_mask)
     assert float(eff.metrics["gtpo/filtered_frac"]) > 0  # the entropy filter acts in this batch
     leaf = logp.clone().requires_grad_(True)
-    loss = gtpo_loss(leaf, mask, eff.advantages, token_weights=inputs.token_weights, n_conflict=inputs.n_conflict,
-                     old_logp=old, eps_low=gcfg.epsilon, eps_high=gcfg.resolved_epsilon_high,
-                     divide_by_conflict_count=gcfg.divide_by_conflict_count,
-                     completion_reduction=gcfg.completion_reduction, group_size=G).loss
+    out = gtpo_loss(leaf, mask, eff.advantages, token_weights=inputs.token_weights, n_conflict=inputs.n_conflict,
+                    old_logp=old, eps_low=gcfg.epsilon, eps_high=gcfg.resolved_epsilon_high,
+                    divide_by_conflict_count=gcfg.divide_by_conflict_count,
+                    completion_reduction=gcfg.completion_reduction, group_size=G)
+    assert float(out.metrics["clipfrac"]) > 0  # the clip acts
+    loss = out.loss
     loss.backward()
     return loss.detach(), leaf.grad
 
