@@ -134,7 +134,8 @@ def describe(check: dict) -> str:
     """One sentence for docs/results.md: which declarations, how many runs, when they ran."""
     if not check["n"]:
         return "no runs yet"
-    parts = [f"{n} runs declared in `{c[:10]}` (committed {_iso(at)})" for c, (at, n) in check["declarations"].items()]
+    parts = [f"{n} run{'s' if n != 1 else ''} declared in `{c[:10]}` (committed {_iso(at)})"
+             for c, (at, n) in check["declarations"].items()]
     return (f"{'; '.join(parts)}; the runs started from {_iso(check['first_start'])} to {_iso(check['last_start'])}, "
             f"each after its declaration" + (" (commits checked against git)" if check["git_checked"] else
                                              " (git not available here: recorded commit times)"))

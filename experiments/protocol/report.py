@@ -1185,7 +1185,7 @@ def _new_design_rows(c7b_res: dict, opt_res: dict) -> list[list[str]]:
     if c7b_res:
         per = c7b_res["final"]
         rows.append(["claim 7 attribution (issue 32 item 1; declared, checked)",
-                     "; ".join(f"{claim7b.LABELS[a]}: {sum(1 for e in per[a].values() if e['own'])} runs"
+                     "; ".join(f"{claim7b.LABELS[a]}: {sum(1 for e in per[a].values() if e['own'])} run(s)"
                                for a in claim7b.ARMS if a in per) + f". {describe(c7b_res['check'])}",
                      f"`experiments/data/{os.path.relpath(claim7b.DATA_FILE, DATA)}`"])
     if opt_res:

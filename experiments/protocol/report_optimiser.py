@@ -162,4 +162,18 @@ def verdict(res: dict) -> str:
         text += ((". On the same model" if res.get("same_as_b") else ". For scale (another model, descriptive)")
                  + f" with the protocol's AdamW (0.9, 0.999), clip 1.0 and a constant rate, replicate b's critical "
                  f"rates were GRPO {_fx(bg)} and official GTPO {_fx(bt)}")
-    return text + ".\n"
+        if crit_g[0] is not None and bg:
+            text += (f": the released optimiser moves GRPO's critical rate by a factor {crit_g[0] / bg:.3g}"
+                     + (" (a cosine schedule averages half the peak rate, and with β1 ≈ 1 the update is the running "
+                        "mean of all past gradients, far smaller than a sign-like Adam step)" if crit_g[0] / bg > 1.5 else ""))
+    protective = sig and later
+    text += (". **The `official` preset** sets GTPO's loss, filter and sampling fields, not the optimiser; the released "
+             "optimiser settings are set by the paper configs (`configs/paper/*.yaml`). "
+             + ("Under them GTPO collapses later than GRPO here, so the released code's stability depends on settings the "
+                "preset does not carry: use them with the preset when reproducing the released code."
+                if protective else
+                "Under them GTPO collapses earlier than GRPO here, so these runs give no reason to move the optimiser "
+                "into the preset; the paper configs keep carrying it." if sig else
+                "Under them GTPO and GRPO are not shown to differ here either, so these runs give no reason to move the "
+                "optimiser into the preset; the paper configs keep carrying it."))
+    return text + "\n"
