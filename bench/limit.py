@@ -26,6 +26,12 @@ where the plain parts process every row. The trainer's own split (its ``generati
 ``update_time_s`` metrics) is printed next to the parts. The machine is shared and noisy: only
 ratios measured in the same run mean anything.
 
+The roofline is printed too: the step's FLOPs (``common.spec_step_flops``, counted from the model
+config and the token counts: the rollout's forward, the update's forward and backward, each prompt
+once per group) over the median time of each part, for the trainer's rollout and update and for
+the two plain parts, as a fraction of the float32 matmul peak (``common.matmul_peak``, measured
+before each round).
+
 Usage: ``python bench/limit.py [--steps 10] [--warmup 2] [--loss-type gtpo] [--check]``.
 """
 
@@ -46,6 +52,7 @@ def worker(spec: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+    from gtpo.metric_names import canonical_record
     from gtpo.padding import left_pad
 
     common.set_threads(spec["threads"])
@@ -87,10 +94,10 @@ def worker(spec: dict) -> dict:
 
     def step():
         with common.Timer(times["step"], cpu["step"]):
-            metrics = trainer.step()
-        times["step_generation"].append(metrics["generation_time_s"])
-        times["step_update"].append(metrics["update_time_s"])
-        tokens.append(metrics["completion_length/mean"])
+            metrics = canonical_record(trainer.step())  # the current metric names, whichever the trainer writes
+        times["step_generation"].append(metrics["gtpo/generation_time"])
+        times["step_update"].append(metrics["gtpo/update_time"])
+        tokens.append(metrics["completions/mean_length"])
 
     def gen():
         with common.Timer(times["generate"], cpu["generate"]):
@@ -100,13 +107,15 @@ def worker(spec: dict) -> dict:
         with common.Timer(times["fwd+bwd+opt"], cpu["fwd+bwd+opt"]):
             update()
 
+    peaks = []
     for r in range(spec["warmup"] + spec["steps"]):
+        peaks.append(common.matmul_peak("float32"))  # the machine's matmul rate next to this round
         order = (step, gen, upd) if r % 2 == 0 else (gen, upd, step)  # upd needs a batch from gen
         for fn in order:
             fn()
     assert batch["ids"].shape[1] - prompt_ids.shape[1] == T, "generate did not produce exactly T tokens"
     return {"times": times, "cpu": cpu, "tokens": tokens, "params": common.n_params(path),
-            "prompt_width": int(prompt_ids.shape[1])}
+            "prompt_width": int(prompt_ids.shape[1]), "peaks": peaks, "flops": common.spec_step_flops(path, spec)}
 
 
 def main(argv=None) -> int:
@@ -151,6 +160,20 @@ def main(argv=None) -> int:
           f"{med['step_generation'] / med['generate']:.3f}x "
           f"plain generate, update part {med['step_update'] / med['fwd+bwd+opt']:.3f}x plain fwd+bwd+opt; "
           f"the same ratio on median CPU times: {cpu_ratio:.3f}")
+    # the roofline: the step's FLOPs (rollout forward; update forward + backward) over each part's time, as a
+    # fraction of the float32 matmul peak measured before the round; per round, median over rounds
+    flops, peaks = res["flops"], res["peaks"][w:]
+    parts = {"trainer step": ("step_generation", "step_update"), "plain parts": ("generate", "fwd+bwd+opt")}
+    roof = []
+    for name, (gen_key, upd_key) in parts.items():
+        for part, key in (("rollout", gen_key), ("update", upd_key)):
+            t = res["times"][key][w:]
+            frac = common.median(flops[part] / x / p for x, p in zip(t, peaks))
+            roof.append([name, f"{part} ({key})", f"{flops[part] / 1e9:.2f}", f"{common.median(t):.3f}",
+                         f"{flops[part] / common.median(t) / 1e9:.1f}", f"{frac:.3f}"])
+    print(f"roofline: FLOPs from the model config and token counts (prompts once per group); float32 matmul peak "
+          f"(2048^2, before each round) median {common.median(peaks) / 1e9:.1f} GFLOP/s")
+    print(common.table(["", "part", "GFLOP", "median s", "GFLOP/s", "fraction of peak"], roof))
     if args.check and ratio > GOAL:
         print("GOAL MISSED")
         return 1

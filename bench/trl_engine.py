@@ -14,7 +14,9 @@ over the group, gamma 0.1) except ``entropy_threshold = 100`` (a random model's 
 What GTPO adds to a TRL step: the conflict weights and runs on the rollout batch, the exact zeros of
 zero-variance groups, the entropy control and ``gtpo_loss`` on each micro-batch, and its metrics
 (one reduce per micro-batch). The generation-time part is also timed inside the real steps and printed as
-a share of the step.
+a share of the step. The roofline of each side (``common.print_roofline``: the step's FLOPs over the
+time of its rollout and update, as a fraction of the float32 matmul peak measured before each step)
+follows.
 
 Timing: ONE process holds both trainers, each running its own ``train()`` in a thread; a baton
 (callbacks on ``on_step_begin`` / ``on_step_end``) lets exactly one step run at a time, in the order
@@ -65,6 +67,8 @@ def interleaved_worker(spec: dict) -> dict:
     times = {k: [] for k in KINDS}
     cpu = {k: [] for k in KINDS}
     tokens = {k: [] for k in KINDS}
+    generation = {k: [] for k in KINDS}
+    peaks = {k: [] for k in KINDS}
     trainers = {}
 
     class Baton(TrainerCallback):
@@ -81,6 +85,7 @@ def interleaved_worker(spec: dict) -> dict:
             if not ok or state["error"] is not None:
                 raise RuntimeError(f"{self.kind}: the other trainer stopped ({state['error'] or 'timeout'})")
             if self.timed:
+                peaks[self.kind].append(common.matmul_peak())  # the machine's matmul rate next to this step
                 self.timer = common.Timer(times[self.kind], cpu[self.kind]).__enter__()
 
         def on_step_end(self, args, state_, control, **kw):
@@ -109,6 +114,13 @@ def interleaved_worker(spec: dict) -> dict:
 
     trainers["gtpo"]._gtpo_inputs = timed_inputs
 
+    for kind, trainer in trainers.items():  # each step's sampling (generate + decoding the texts), for the roofline
+        def timed_generate(*a, _sample=trainer._generate, _kind=kind, **kw):
+            with common.Timer(generation[_kind]):
+                return _sample(*a, **kw)
+
+        trainer._generate = timed_generate
+
     def run(kind: str) -> None:
         try:
             trainers[kind].train()
@@ -125,7 +137,9 @@ def interleaved_worker(spec: dict) -> dict:
     if state["error"]:
         raise RuntimeError(state["error"])
     return {"times": times, "cpu": cpu, "tokens": tokens, "params": common.n_params(path),
-            "gtpo_inputs": inputs_time[:len(times["gtpo"])]}
+            "gtpo_inputs": inputs_time[:len(times["gtpo"])],
+            "generation": {k: v[:len(times[k])] for k, v in generation.items()}, "peaks": peaks,
+            "flops": common.spec_step_flops(path, spec)}
 
 
 def main(argv=None) -> int:
@@ -168,6 +182,9 @@ def main(argv=None) -> int:
     inputs_ms = common.median(res["gtpo_inputs"][w:]) * 1000
     print(f"GTPO's generation-time inputs (conflict weights and runs, masks, metrics): median {inputs_ms:.1f} ms per "
           f"step = {inputs_ms / 1000 / med['gtpo']:.2%} of the GTPO step")
+    common.print_roofline(res["flops"], {k: res["times"][k][w:] for k in KINDS},
+                          {k: res["generation"][k][w:] for k in KINDS}, {k: res["peaks"][k][w:] for k in KINDS},
+                          "float32")
     if args.check and overhead > GOAL:
         print("GOAL MISSED")
         return 1

@@ -313,7 +313,7 @@ def multinomial_draws(monkeypatch):
     import gtpo.decode
 
     monkeypatch.setattr(gtpo.decode, "sample_categorical",
-                        lambda probs: torch.multinomial(probs, num_samples=1).squeeze(1))
+                        lambda probs, **kwargs: torch.multinomial(probs, num_samples=1).squeeze(1))
 
 
 @pytest.fixture
@@ -521,3 +521,222 @@ def test_sample_categorical_refuses_non_finite_or_empty_rows(bad):
     probs = torch.tensor([[0.5, 0.5], [bad, 0.0 if bad == 0.0 else 1.0]])
     with pytest.raises(RuntimeError, match="inf, nan"):
         sample_categorical(probs)
+
+
+def test_sample_categorical_records_instead_of_raising_when_given_a_flag():
+    # valid=...: no host read, the check is ANDed into the flag (decode reads it when it syncs)
+    from gtpo.decode import sample_categorical
+
+    valid = torch.ones((), dtype=torch.bool)
+    sample_categorical(torch.tensor([[0.5, 0.5]]), valid=valid)
+    assert bool(valid)
+    sample_categorical(torch.tensor([[float("nan"), 1.0]]), valid=valid)
+    assert not bool(valid)
+    sample_categorical(torch.tensor([[0.5, 0.5]]), valid=valid)
+    assert not bool(valid)  # stays false
+
+
+# ----------------------------------------------------------------------------- the loop's cache and attention
+def test_growing_layer_holds_what_a_dynamic_layer_holds():
+    # the same keys/values after a prefill, single-position updates and row selections, and the same
+    # tensors returned by update (views of the buffers)
+    from transformers.cache_utils import DynamicLayer
+
+    from gtpo.decode import GrowingLayer
+
+    g = torch.Generator().manual_seed(0)
+    plain = DynamicLayer()
+    plain.update(torch.randn(5, 2, 4, 3, generator=g, dtype=torch.float64),
+                 torch.randn(5, 2, 4, 3, generator=g, dtype=torch.float64))
+    grown = GrowingLayer.from_layer(plain, capacity=6)
+    assert grown.get_seq_length() == 4 and torch.equal(grown.keys, plain.keys)
+    for step, keep in enumerate([None, torch.tensor([0, 2, 3, 4]), None, torch.tensor([1, 3]), None]):
+        if keep is not None:
+            plain.batch_select_indices(keep)
+            grown.batch_select_indices(keep)
+        n = plain.keys.shape[0]
+        k, v = torch.randn(n, 2, 1, 3, generator=g, dtype=torch.float64), torch.randn(n, 2, 1, 3, generator=g,
+                                                                                    dtype=torch.float64)
+        a, b = plain.update(k, v), grown.update(k, v)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), step
+        assert grown.get_seq_length() == plain.get_seq_length() == 5 + step
+    grown.update(*(torch.randn(2, 2, 1, 3, dtype=torch.float64),) * 2)  # the 6th and last position
+    with pytest.raises(RuntimeError, match="exceed"):
+        grown.update(*(torch.randn(2, 2, 1, 3, dtype=torch.float64),) * 2)
+
+
+def test_grow_cache_leaves_other_caches_alone(model_and_tokenizer):
+    from transformers.cache_utils import DynamicCache
+
+    from gtpo.decode import GrowingLayer, grow_cache, prefill
+
+    model, tokenizer = model_and_tokenizer
+    assert not grow_cache(DynamicCache(config=model.config), 4)  # empty layers (one-token prompts)
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    cache = prefill(model, ids, torch.ones_like(ids))
+    assert grow_cache(cache, 4) and all(type(layer) is GrowingLayer for layer in cache.layers)
+    assert not grow_cache(cache, 4)  # already grown: not a plain DynamicLayer
+
+
+@pytest.fixture
+def matmul_attention_in_float64(monkeypatch):
+    """decode_attention computes float64 queries itself (it leaves float32/float64 to SDPA by
+    default): its maths can then be checked at float64 precision."""
+    import gtpo.decode
+
+    monkeypatch.setattr(gtpo.decode, "MATMUL_ATTENTION_DTYPES", (torch.bfloat16, torch.float16, torch.float64))
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float"])
+def test_decode_attention_is_sdpa_for_one_query(kv_heads, mask_kind, matmul_attention_in_float64):
+    # float64: softmax(q k^T * s + mask) v with grouped query heads equals torch's SDPA over repeated
+    # key/value heads (query head h reads key/value head h // (heads / kv_heads), as repeat_kv)
+    import torch.nn.functional as F
+
+    from gtpo.decode import decode_attention
+
+    g = torch.Generator().manual_seed(1)
+    n, heads, length, dim = 3, 4, 7, 5
+    q = torch.randn(n, heads, 1, dim, generator=g, dtype=torch.float64)
+    k = torch.randn(n, kv_heads, length, dim, generator=g, dtype=torch.float64)
+    v = torch.randn(n, kv_heads, length, dim, generator=g, dtype=torch.float64)
+    keep = torch.ones(n, 1, 1, length, dtype=torch.bool)
+    keep[0, ..., :3] = False  # left padding of row 0
+    keep[2, ..., :1] = False
+    mask = {"none": None, "bool": keep,
+            "float": torch.zeros(n, 1, 1, length, dtype=torch.float64).masked_fill(~keep, float("-inf"))}[mask_kind]
+    rep = heads // kv_heads
+    ref = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1),
+                                         attn_mask=mask, scale=0.3).transpose(1, 2)  # (n, 1, heads, dim)
+    module = torch.nn.Module()
+    module.num_key_value_groups = rep
+    got, weights = decode_attention(module, q, k, v, mask, scaling=0.3)
+    assert weights is None and got.shape == (n, 1, heads, dim)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+    # bfloat16: the same up to bfloat16 rounding of the inputs, scores and weights
+    low, _ = decode_attention(module, q.bfloat16(), k.bfloat16(), v.bfloat16(),
+                              mask if mask is None or mask.dtype == torch.bool else mask.bfloat16(), scaling=0.3)
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.double(), ref, rtol=0, atol=0.05)
+
+
+def test_decode_attention_leaves_float32_to_sdpa():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from gtpo.decode import decode_attention
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 1, 5, generator=g), torch.randn(2, 2, 6, 5, generator=g),
+               torch.randn(2, 2, 6, 5, generator=g))
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 2, True
+    assert torch.equal(decode_attention(module, q, k, v, None, scaling=0.4)[0],
+                       sdpa_attention_forward(module, q, k, v, None, scaling=0.4)[0])
+
+
+def test_decode_attention_leaves_other_calls_to_sdpa():
+    # several query positions (a prompt), dropout or soft-capping go to transformers' SDPA function
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from gtpo.decode import decode_attention
+
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 3, 5, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 2, 3, 5, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 2, 3, 5, generator=g, dtype=torch.float64)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 2, True
+    got, _ = decode_attention(module, q, k, v, None, scaling=0.4)
+    ref, _ = sdpa_attention_forward(module, q, k, v, None, scaling=0.4)
+    assert torch.equal(got, ref)
+    with pytest.raises(ValueError, match="softcap"):  # SDPA's own refusal: the call went there
+        decode_attention(module, q[:, :, :1], k, v, None, scaling=0.4, softcap=30.0)
+
+
+def test_decode_loop_with_matmul_attention_gives_the_greedy_tokens_of_generate(model_and_tokenizer,
+                                                                               matmul_attention_in_float64):
+    # the whole model attending through decode_attention's matmuls (float64), rows ending at different
+    # steps (their cache rows dropped from the growing buffers): exactly generate's greedy tokens
+    test_decode_loop_drops_finished_rows_and_matches_generate(model_and_tokenizer, all_finish=False)
+
+
+def test_decode_loop_attends_through_decode_attention_on_cpu(model_and_tokenizer, monkeypatch):
+    # every decoding step (one query) of every layer goes through decode_attention; the model's own
+    # attention implementation is back to sdpa afterwards, also when the loop raises
+    import gtpo.decode
+    from transformers import AttentionInterface
+
+    model, tokenizer = model_and_tokenizer
+    assert model.config._attn_implementation == "sdpa"
+    queries = []
+
+    def spy(module, query, *args, **kwargs):
+        queries.append(query.shape[2])
+        return gtpo.decode.decode_attention(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(gtpo.decode, "_register_decode_attention",
+                        lambda: AttentionInterface.register(gtpo.decode.DECODE_ATTENTION, spy) or True)
+    try:
+        generate(model, tokenizer, PROMPTS, num_samples=2, max_new_tokens=4, temperature=1.0)
+        assert model.config._attn_implementation == "sdpa"
+        assert len(queries) == 4 * model.config.num_hidden_layers and set(queries) == {1}
+        def broken(module, args, out):  # NaN logits: the sampled distribution is broken
+            out.logits.fill_(float("nan"))
+
+        handle = model.register_forward_hook(broken)
+        try:
+            with pytest.raises(RuntimeError, match="inf, nan"):
+                generate(model, tokenizer, PROMPTS, num_samples=2, max_new_tokens=4, temperature=1.0)
+        finally:
+            handle.remove()
+        assert model.config._attn_implementation == "sdpa"
+    finally:
+        gtpo.decode._register_decode_attention()
+
+
+@pytest.mark.parametrize("every", [2, 5])
+def test_decode_loop_reading_rows_every_few_tokens_gives_the_same_greedy_tokens(model_and_tokenizer, every):
+    # sync_every > 1 (the accelerator default): rows that ended stay in the batch until the next
+    # read, writing padding; greedy tokens do not depend on the batch, so they equal sync_every=1's,
+    # and the result is trimmed to the longest completion
+    from gtpo.decode import decode, prefill as _prefill
+    from gtpo.padding import left_pad
+    from gtpo.rollout import encode_prompts
+
+    model, tokenizer = model_and_tokenizer
+    prompts = PROMPTS + ["a b c", "12 + 30 = ", "think"]
+    ids, mask = left_pad(encode_prompts(tokenizer, prompts), tokenizer.pad_token_id)
+    greedy = _greedy_reference(model, ids, mask, 12)
+    pad = tokenizer.pad_token_id
+    for eos_ids in (sorted({int(greedy[0, 1]), int(greedy[2, 4])}), sorted({int(row[-3]) for row in greedy})):
+        config = _config(do_sample=False, max_new_tokens=12, eos_token_id=eos_ids, pad_token_id=pad)
+        with torch.no_grad():
+            ref = decode(model, ids, mask, _prefill(model, ids, mask), config, eos_ids=eos_ids, pad_id=pad)
+            got = decode(model, ids, mask, _prefill(model, ids, mask), config, eos_ids=eos_ids, pad_id=pad,
+                         sync_every=every)
+        assert torch.equal(got, ref), eos_ids
+
+
+def test_decode_loop_reading_rows_every_few_tokens_ends_rows_at_their_first_eos(model_and_tokenizer):
+    from gtpo.decode import decode, prefill as _prefill
+    from gtpo.padding import left_pad
+    from gtpo.rollout import encode_prompts
+
+    model, tokenizer = model_and_tokenizer
+    rows = [p for p in encode_prompts(tokenizer, PROMPTS) for _ in range(4)]
+    ids, mask = left_pad(rows, tokenizer.pad_token_id)
+    eos_ids = list(range(3, 515, 8))
+    pad = tokenizer.pad_token_id
+    config = _config(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=60,
+                     eos_token_id=eos_ids, pad_token_id=pad)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        got = decode(model, ids, mask, _prefill(model, ids, mask), config, eos_ids=eos_ids, pad_id=pad, sync_every=4)
+    is_eos = torch.isin(got, torch.tensor(eos_ids))
+    lengths = [int(row.nonzero()[0]) + 1 if row.any() else got.shape[1] for row in is_eos]
+    assert got.shape[1] == max(lengths) and max(lengths) < 60  # trimmed to the longest completion
+    for row, length in zip(got, lengths):
+        assert bool((row[length:] == pad).all())
+    with pytest.raises(ValueError, match="sync_every"):
+        decode(model, ids, mask, _prefill(model, ids, mask), config, eos_ids=eos_ids, pad_id=pad, sync_every=0)

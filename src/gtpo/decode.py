@@ -9,10 +9,19 @@ that reached EOS leave the batch: the decoding work follows the unfinished rows,
 one. The same distribution as ``generate``, another random stream. :func:`prefill` and
 :func:`prefill_shared` fill the cache with the prompts (the latter once per group of identical
 prompts, :mod:`gtpo.shared_prefix`).
+
+Three things keep the loop's own work per token small (docs/performance.md, "The decoding loop"):
+the key/value cache grows in place in buffers sized for the whole completion
+(:class:`GrowingLayer`, instead of a ``torch.cat`` of the whole cache per token and layer); on a
+CPU in bfloat16/float16, the attention of the one new token runs as two batched matmuls over the
+grouped query heads (:func:`decode_attention`; PyTorch's CPU SDPA kernel is 4-10x slower there for
+a single query); and on an accelerator the host reads (did a row end? is a distribution broken?)
+happen every ``sync_every`` tokens, not every token.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
@@ -21,7 +30,8 @@ from .models import unwrap_peft
 from .padding import position_ids
 from .shared_prefix import cache_kwarg, plain_dynamic_cache, prompt_groups, shared_prompt_cache
 
-__all__ = ["decode", "decode_loop_config", "prefill", "prefill_shared", "sample_categorical"]
+__all__ = ["DECODE_ATTENTION", "GrowingLayer", "decode", "decode_attention", "decode_loop_config", "grow_cache",
+           "prefill", "prefill_shared", "sample_categorical"]
 
 
 def prefill_shared(model, ids: torch.Tensor, mask: torch.Tensor):
@@ -50,6 +60,8 @@ def prefill(model, ids: torch.Tensor, mask: torch.Tensor):
                         use_cache=True, **{cache_kwarg(): cache})
     return cache
 
+
+_BROKEN = "probability tensor contains either inf, nan or element < 0, or a row sums to 0"
 
 # GenerationConfig fields :func:`decode` implements (any value) ...
 _LOOP_FIELDS = frozenset({"max_new_tokens", "min_new_tokens", "min_length", "do_sample", "temperature", "top_k",
@@ -125,7 +137,161 @@ def _processors(config, prompt_width: int, eos: torch.Tensor):
     return processors
 
 
-def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
+# ----------------------------------------------------------------------------- the key/value cache
+def _dynamic_layer_type():
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # transformers without per-layer caches: no growing layers
+        return None
+    return DynamicLayer
+
+
+_DynamicLayer = _dynamic_layer_type()
+
+
+if _DynamicLayer is not None:
+    class GrowingLayer(_DynamicLayer):
+        """A ``DynamicLayer`` whose keys and values live in buffers sized for the whole decoding.
+
+        ``update`` writes the new positions into the buffers and returns views of the filled part
+        (``keys``/``values`` are those views, as ``DynamicLayer``'s are its tensors), instead of
+        concatenating the whole cache with them: the per-token copy of a layer's cache (a growing
+        ``(n, heads, L, head_dim)`` pair, 30 layers for SmolLM2) becomes a write of one position.
+        ``batch_select_indices`` (rows that finished leave the batch) selects buffer rows. The
+        values attended to are those ``DynamicLayer`` would hold, so every output is the same.
+        """
+
+        @classmethod
+        def from_layer(cls, layer, capacity: int) -> "GrowingLayer":
+            """A growing copy of an initialized ``DynamicLayer`` with room for ``capacity`` more
+            positions (the layer itself is left unchanged)."""
+            new = cls()
+            keys, values = layer.keys, layer.values  # (n, h_kv, L, d), (n, h_kv, L, d_v)
+            n, heads, length = keys.shape[:3]
+            new._keys = keys.new_empty(n, heads, length + capacity, keys.shape[-1])
+            new._values = values.new_empty(n, values.shape[1], length + capacity, values.shape[-1])
+            new._keys[:, :, :length] = keys
+            new._values[:, :, :length] = values
+            new._length = length
+            new.device = keys.device
+            new.is_initialized = True
+            new._views()
+            return new
+
+        def _views(self) -> None:
+            self.keys = self._keys[:, :, :self._length]
+            self.values = self._values[:, :, :self._length]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            start, stop = self._length, self._length + key_states.shape[-2]
+            if stop > self._keys.shape[2]:
+                raise RuntimeError(f"GrowingLayer: {stop} positions exceed the buffer's {self._keys.shape[2]}")
+            self._keys[:, :, start:stop] = key_states
+            self._values[:, :, start:stop] = value_states
+            self._length = stop
+            self._views()
+            return self.keys, self.values
+
+        def get_seq_length(self, *args, **kwargs) -> int:
+            return self._length
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            self._keys, self._values = self._keys[indices], self._values[indices]
+            self._views()
+else:  # pragma: no cover - transformers without DynamicLayer
+    GrowingLayer = None
+
+
+def grow_cache(cache, capacity: int) -> bool:
+    """Replace the initialized plain ``DynamicLayer``s of ``cache`` by :class:`GrowingLayer`
+    copies with room for ``capacity`` more positions; True when every layer was replaced (False,
+    cache unchanged: another layer type, an empty layer, or no per-layer cache)."""
+    layers = getattr(cache, "layers", None)
+    if GrowingLayer is None or not layers:
+        return False
+    if any(type(layer) is not _DynamicLayer or not layer.is_initialized or layer.keys is None
+           or layer.keys.dim() != 4 for layer in layers):
+        return False
+    cache.layers = [GrowingLayer.from_layer(layer, capacity) for layer in layers]
+    return True
+
+
+# ----------------------------------------------------------------------------- attention of one new token
+DECODE_ATTENTION = "gtpo_decode"
+# attention-function keywords that change the maths: another function handles those calls
+_SDPA_ONLY = ("softcap", "s_aux", "sliding_window", "position_bias")
+# query dtypes decode_attention computes itself; float32 stays with SDPA (as fast there, measured on SmolLM2
+# rollouts, and float32 runs keep their exact tokens)
+MATMUL_ATTENTION_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def decode_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask,
+                     dropout: float = 0.0, scaling: float | None = None, **kwargs):
+    """transformers' attention function for the decoding step: one query position attending to
+    the cache, as two batched matmuls over the grouped query heads, for queries in
+    :data:`MATMUL_ATTENTION_DTYPES` (bfloat16, float16); every other call (float32, prompts,
+    training, dropout, soft-capping, sinks, sliding windows) goes to transformers' SDPA function.
+
+    ``softmax(q k^T * scaling + mask) v`` with the query heads that share a key/value head
+    stacked as rows (``(n, h_kv, h / h_kv, d)``: no ``repeat_kv`` copy), the softmax in float32
+    at least: the same maths as ``scaled_dot_product_attention``. PyTorch's CPU SDPA kernel for a
+    single bfloat16 query took 1.9-5.6 ms per layer for 32 rows of SmolLM2's heads over 60-180
+    cached positions, this 0.25-0.5 ms (one thread, shared machine); in float32 both took 0.4-1.9 ms.
+
+    Args:
+        query: ``(n, h, 1, d)``; ``key``/``value``: ``(n, h_kv, L, d)``; ``attention_mask``: the
+            SDPA mask of the step (``(n | 1, 1, 1, L)`` bool, True = attend, or additive float) or None.
+
+    Returns:
+        ``((n, 1, h, d) attention output, None)``, as transformers' attention functions.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if (query.shape[2] != 1 or query.dtype not in MATMUL_ATTENTION_DTYPES or dropout or key.shape[1] == 0
+            or query.shape[1] % key.shape[1] or any(kwargs.get(k) is not None for k in _SDPA_ONLY)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    n, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    q = query.reshape(n, kv_heads, heads // kv_heads, dim)  # query head h = kv * (h / h_kv) + g
+    scores = torch.matmul(q, key.transpose(-1, -2)) * (dim ** -0.5 if scaling is None else scaling)  # (n, h_kv, g, L)
+    if attention_mask is not None:
+        mask = attention_mask[..., -1:, :]  # (n | 1, 1, 1, L)
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(value.dtype)
+    out = torch.matmul(probs, value)  # (n, h_kv, g, d_v)
+    return out.reshape(n, heads, 1, value.shape[-1]).transpose(1, 2), None
+
+
+def _register_decode_attention() -> bool:
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:  # pragma: no cover - transformers without attention interfaces
+        return False
+    AttentionInterface.register(DECODE_ATTENTION, decode_attention)
+    AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)  # the masks SDPA gets
+    return True
+
+
+@contextlib.contextmanager
+def _decode_attention_on(model, device: torch.device):
+    """Within the block, ``model`` (SDPA attention, on a CPU) attends with :func:`decode_attention`;
+    its attention implementation is restored after. Other implementations and devices: unchanged."""
+    config = getattr(unwrap_peft(model), "config", None)
+    if (device.type != "cpu" or config is None or getattr(config, "_attn_implementation", None) != "sdpa"
+            or not _register_decode_attention()):
+        yield
+        return
+    config._attn_implementation = DECODE_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = "sdpa"
+
+
+# ----------------------------------------------------------------------------- sampling
+def sample_categorical(probs: torch.Tensor, *, valid: torch.Tensor | None = None) -> torch.Tensor:
     """One index per row of ``probs (n, V)``, drawn from the categorical distribution of the row.
 
     Inverse-CDF sampling: ``u`` uniform on ``[0, total)`` per row, the first index whose cumulative
@@ -137,6 +303,8 @@ def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
 
     Args:
         probs: ``(n, V)`` non-negative weights (rows need not sum to 1).
+        valid: a ``()`` bool tensor: instead of raising, the check is ANDed into it in place (no
+            host read: the caller reads it when it syncs anyway, see :func:`decode`).
 
     Returns:
         ``(n,)`` int64 indices.
@@ -147,21 +315,24 @@ def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
     """
     cdf = probs.cumsum(dim=-1)  # (n, V)
     total = cdf[:, -1:]  # (n, 1)
-    if not bool(torch.isfinite(total).all() & (total > 0).all()):
-        raise RuntimeError("probability tensor contains either inf, nan or element < 0, or a row sums to 0")
+    ok = torch.isfinite(total).all() & (total > 0).all()
+    if valid is not None:
+        valid &= ok
+    elif not bool(ok):
+        raise RuntimeError(_BROKEN)
     u = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device) * total  # (n, 1) in [0, total)
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
 
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, config, *,
-           eos_ids: list[int], pad_id: int) -> torch.Tensor:
+           eos_ids: list[int], pad_id: int, sync_every: int | None = None) -> torch.Tensor:
     """Sample completions token by token from the model's forward and key/value cache.
 
     The computation of transformers' ``generate`` sampling loop for the settings of
     :func:`decode_loop_config` — the model's forward on the last token with the 2-D attention
     mask and position ids ``cumsum(mask) - 1`` continued by one per token, float32 logits of the
     last position, transformers' own logits processors (:func:`_processors`), ``softmax`` and a
-    draw from it (or ``argmax`` when ``config.do_sample`` is false) — with three differences:
+    draw from it (or ``argmax`` when ``config.do_sample`` is false) — with these differences:
 
     * no per-token bookkeeping of ``generate`` (input preparation, keyword updates, stopping
       criteria objects): ~15 % of a rollout of the tiny models of ``bench/``;
@@ -169,11 +340,22 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, 
       ``torch.multinomial`` (V exponentials per row, ~30 ms per token at SmolLM2's vocabulary):
       the same distribution from another random stream;
     * a row that has produced EOS leaves the batch (its cache rows are dropped), so the decoding
-      work follows the number of unfinished rows instead of the longest one.
+      work follows the number of unfinished rows instead of the longest one;
+    * the cache's plain layers become :class:`GrowingLayer`s (filled in place, no per-token
+      concatenation) and, on a CPU with SDPA attention, the new token attends through
+      :func:`decode_attention` (bfloat16/float16 queries): the same values, less work.
 
     With ``sample_categorical`` replaced by ``torch.multinomial`` and no row ending early, the
     tokens are exactly ``generate``'s for the same seed; greedy decoding gives ``generate``'s
-    tokens whatever rows end when (both tested).
+    tokens whatever rows end when (both tested, in float64).
+
+    Host reads: whether rows ended (to drop them) and whether a distribution was broken (to
+    raise) are read every ``sync_every`` tokens. On a CPU (default 1) a read costs nothing and
+    rows leave the batch at once. On an accelerator (default 8) each read stalls the host until
+    the device has finished, so the host cannot queue the next token's kernels ahead: rows that
+    ended since the last read stay in the batch until the next one, writing padding (their
+    tokens are not kept), and the random stream of the rows left then differs from
+    ``sync_every=1``'s (the same distribution); the result is trimmed to the longest completion.
 
     Args:
         model: a decoder-only causal LM (``PreTrainedModel`` or peft model) in eval mode.
@@ -181,10 +363,15 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, 
         cache: a ``DynamicCache`` holding the first ``S - 1`` columns of the prompt rows.
         config: a completed ``GenerationConfig`` from :func:`decode_loop_config`.
         eos_ids: token ids that end a completion; ``pad_id`` fills positions after the end.
+        sync_every: tokens between host reads (None: 1 on a CPU, 8 elsewhere).
 
     Returns:
-        ``(N, T')`` sampled ids, ``T' <= max_new_tokens`` the number of decoding steps run (the
-        longest completion); a row's tokens after its first EOS are ``pad_id``.
+        ``(N, T')`` sampled ids, ``T' <= max_new_tokens`` the longest completion (EOS included);
+        a row's tokens after its first EOS are ``pad_id``.
+
+    Raises:
+        RuntimeError: a sampled distribution had a NaN/inf weight or no mass (as
+            :func:`sample_categorical`), at the first host read after it.
     """
     n, width = input_ids.shape
     device = input_ids.device
@@ -194,34 +381,55 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, 
     out = torch.full((n, max_new), pad_id, dtype=torch.long, device=device)  # (N, T)
     if max_new == 0:
         return out
-    rows = torch.arange(n, device=device)  # (n,) the batch row of each unfinished row
+    every = (1 if device.type == "cpu" else 8) if sync_every is None else int(sync_every)
+    if every < 1:
+        raise ValueError(f"decode: sync_every must be >= 1, got {sync_every}")
+    grow_cache(cache, max_new)  # the last prompt token and up to max_new - 1 sampled ones are fed
+    rows = torch.arange(n, device=device)  # (n,) the batch row of each row still in the batch
     seq = input_ids  # (n, S + t) prompt and tokens so far (the processors' view)
     mask = attention_mask.long()  # (n, S + t)
     position = position_ids(mask)[:, -1:]  # (n, 1) position of the token fed next
     token = input_ids[:, -1:]  # (n, 1)
+    ended = torch.zeros(n, dtype=torch.bool, device=device)  # (n,) produced EOS (not dropped yet)
+    valid = torch.ones((), dtype=torch.bool, device=device)  # every distribution so far was sound
     kwarg = cache_kwarg()
     steps = 0
-    for t in range(max_new):
-        logits = model(input_ids=token, attention_mask=mask, position_ids=position, use_cache=True,
-                       logits_to_keep=1, **{kwarg: cache}).logits  # (n, 1, V)
-        scores = processors(seq, logits[:, -1].to(dtype=torch.float32))  # (n, V)
-        if config.do_sample:
-            nxt = sample_categorical(torch.softmax(scores, dim=-1))  # (n,)
-        else:
-            nxt = scores.argmax(dim=-1)
-        out[rows, t] = nxt
-        steps = t + 1
-        if steps == max_new:
-            break
-        done = torch.isin(nxt, eos)  # (n,)
-        if bool(done.any()):
-            if bool(done.all()):
+    with _decode_attention_on(model, device):
+        for t in range(max_new):
+            logits = model(input_ids=token, attention_mask=mask, position_ids=position, use_cache=True,
+                           logits_to_keep=1, **{kwarg: cache}).logits  # (n, 1, V)
+            scores = processors(seq, logits[:, -1].to(dtype=torch.float32))  # (n, V)
+            if config.do_sample:
+                nxt = sample_categorical(torch.softmax(scores, dim=-1), valid=valid)  # (n,)
+            else:
+                nxt = scores.argmax(dim=-1)
+            if every > 1:  # rows that ended since the last read are still in the batch: they write padding
+                nxt = nxt.masked_fill(ended, pad_id)
+            out[rows, t] = nxt
+            steps = t + 1
+            is_eos = torch.isin(nxt, eos)  # (n,)
+            ended = (ended | is_eos) if every > 1 else is_eos  # sync_every 1: ended rows were dropped at once
+            if steps == max_new:
                 break
-            keep = (~done).nonzero().squeeze(1)  # (n',)
-            cache.batch_select_indices(keep)
-            rows, seq, mask, position, nxt = rows[keep], seq[keep], mask[keep], position[keep], nxt[keep]
-        token = nxt.unsqueeze(1)
-        seq = torch.cat([seq, token], dim=1)
-        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        position = position + 1
-    return out[:, :steps]
+            if steps % every == 0:
+                if not bool(valid):
+                    raise RuntimeError(_BROKEN)
+                if bool(ended.any()):
+                    if bool(ended.all()):
+                        break
+                    keep = (~ended).nonzero().squeeze(1)  # (n',)
+                    cache.batch_select_indices(keep)
+                    rows, seq, mask, position, nxt, ended = (rows[keep], seq[keep], mask[keep], position[keep],
+                                                             nxt[keep], ended[keep])
+            token = nxt.unsqueeze(1)
+            seq = torch.cat([seq, token], dim=1)
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+            position = position + 1
+    if not bool(valid):
+        raise RuntimeError(_BROKEN)
+    out = out[:, :steps]
+    if every > 1:  # rows that ended between reads wrote padding past the longest completion: trim it
+        is_eos = torch.isin(out, eos)  # (N, T')
+        lengths = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, steps)  # (N,)
+        out = out[:, :int(lengths.max())]
+    return out
