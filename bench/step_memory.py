@@ -62,7 +62,7 @@ def worker(spec: dict) -> dict:
     metrics = trainer.step()
     peak = common.peak_rss_bytes()
     return {"variant": spec["variant"], "before": before, "peak": peak, "growth": peak - before,
-            "step_time_s": metrics["step_time_s"], "entropy": metrics["entropy/mean"],
+            "step_time_s": metrics["step_time"], "entropy": metrics["entropy"],
             "vocab": trainer.unwrapped_model.config.vocab_size, "params": common.n_params(path)}
 
 

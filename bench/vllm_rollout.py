@@ -180,6 +180,7 @@ def step_worker(spec: dict) -> dict:
 
     from gtpo import GTPOConfig, GTPOTrainer
     from gtpo.app import build_peft_config, default_config_text, load_dataset_spec
+    from gtpo.metric_names import canonical_name
     from gtpo.models import load_model_and_tokenizer
     from gtpo.rewards import resolve_reward
 
@@ -201,8 +202,9 @@ def step_worker(spec: dict) -> dict:
         for use_vllm in ((False, True) if r % 2 == 0 else (True, False)):
             _set_threads(spec["threads"])
             m = trainers[use_vllm].step()
-            row = {k: m.get(k, 0.0) for k in ("step_time_s", "generation_time_s", "update_time_s", "vllm/sync_time_s",
-                                              "completion_length/mean", "vllm/logprob_gap_mean", "vllm/logprob_gap_max")}
+            columns = ("step_time_s", "generation_time_s", "update_time_s", "vllm/sync_time_s",  # earlier names
+                       "completion_length/mean", "vllm/logprob_gap_mean", "vllm/logprob_gap_max")
+            row = {k: m.get(canonical_name(k), 0.0) for k in columns}
             print(f"step {r} {'vllm' if use_vllm else 'hf'}: {row}", file=sys.stderr, flush=True)
             if r:  # step 0 warms up (and starts the engine)
                 out["vllm" if use_vllm else "hf"].append(row)

@@ -132,10 +132,15 @@ def test_train_end_to_end_from_yaml_then_report(tiny_model_path, tmp_path, capsy
     # a rerun into the same directory is refused with a clear message
     assert main(["train", str(cfg)]) == 2
     assert "already holds a run" in capsys.readouterr().err
-    # ... and resuming works from the command line
-    assert main(["train", str(cfg), "--resume_from_checkpoint", "true", "--max_steps", "3", "--peft.r", "4"]) == 0
-    lines = [json.loads(l) for l in open(out_dir / "metrics.jsonl") if "reward/mean" in l]
-    assert [l["step"] for l in lines] == [1, 2, 3]
+    # ... resuming the finished run in place is refused (its final model stays), with the command that continues it
+    assert main(["train", str(cfg), "--resume_from_checkpoint", "true", "--max_steps", "3", "--peft.r", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a finished run" in err and f"--resume_from_checkpoint {out_dir / 'checkpoint-2'}" in err
+    more = tmp_path / "more"
+    assert main(["train", str(cfg), "--output_dir", str(more), "--resume_from_checkpoint",
+                 str(out_dir / "checkpoint-2"), "--max_steps", "3", "--peft.r", "4"]) == 0
+    lines = [json.loads(l) for l in open(more / "metrics.jsonl") if "\"reward\":" in l]
+    assert [l["step"] for l in lines] == [3]
 
 
 def test_config_reference_is_up_to_date():

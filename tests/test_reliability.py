@@ -32,7 +32,7 @@ from gtpo.errors import RewardFunctionError, TrainingStopped
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "scripts", "fault_driver.py")
 PROMPTS = [f"What is {a} + {b}?" for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 1), (2, 2), (4, 5), (6, 3)]]
-TIMING_KEYS = {"step_time_s", "generation_time_s", "update_time_s", "tokens_per_s"}
+TIMING_KEYS = {"step_time", "gtpo/generation_time", "gtpo/update_time", "gtpo/tokens_per_s"}
 
 
 def digit_reward(completions, **kwargs):
@@ -273,7 +273,7 @@ def test_nan_step_is_skipped_and_training_continues(tiny_model_path, tmp_path):
     seen = record_steps(trainer)
     trainer.train()
     lines = metrics_lines(cfg.output_dir)
-    assert [m["skipped_steps"] for m in lines] == [0, 0, 1, 1, 1]
+    assert [m["gtpo/skipped_steps"] for m in lines] == [0, 0, 1, 1, 1]
     assert math.isnan(lines[2]["loss"]) and math.isnan(lines[2]["grad_norm"])
     assert all(math.isfinite(m["loss"]) for i, m in enumerate(lines) if i != 2)
     assert same(seen[3][0], seen[2][0]), "a skipped step changed the weights"
@@ -321,8 +321,8 @@ def test_nan_in_a_later_update_of_the_step(tiny_model_path, tmp_path):
     seen = record_steps(trainer)
     trainer.train()
     lines = metrics_lines(cfg.output_dir)
-    assert [m["skipped_steps"] for m in lines] == [0, 1, 1]
-    assert [m["skipped_updates"] for m in lines] == [0, 1, 1]
+    assert [m["gtpo/skipped_steps"] for m in lines] == [0, 1, 1]
+    assert [m["gtpo/skipped_updates"] for m in lines] == [0, 1, 1]
     adam_steps = [next(iter(seen[s][1].values()))["step"].item() for s in (1, 2, 3)]
     assert adam_steps == [2, 3, 5]  # 2 updates, then 1 (the second was skipped), then 2
     assert not same(seen[2][0], seen[1][0])
@@ -478,15 +478,33 @@ def test_cli_overwrite_alias_replaces_the_run(tiny_model_path, tmp_path, capsys)
     assert "--overwrite takes no value" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("model, expected", [
-    ("/nonexistent/model", "could not load the model from '/nonexistent/model', which is not an existing path"),
-    ("someone/not-a-model", "could not load the model from 'someone/not-a-model' (a hub id or a path)"),
+@pytest.mark.parametrize("model, expected, hub", [
+    ("/nonexistent/model", "model directory '/nonexistent/model' does not exist (and it is not a hub id", False),
+    ("./runs/model", "model directory './runs/model' does not exist (and it is not a hub id", False),
+    ("someone/not-a-model", "could not load the model from 'someone/not-a-model' (a hub id or a path)", True),
 ])
-def test_cli_missing_model_or_unreachable_hub(tiny_model_path, tmp_path, capsys, model, expected):
+def test_cli_missing_model_or_unreachable_hub(tiny_model_path, tmp_path, capsys, model, expected, hub):
     cfg = write_cli_inputs(tmp_path, model)
     assert main(["train", cfg]) == 2
     err = capsys.readouterr().err
-    assert expected in err and "not reachable offline" in err and "Traceback" not in err
+    assert expected in err and "Traceback" not in err
+    assert ("not reachable offline" in err) == hub  # the hub hint only for what can be a hub id
+    assert "Repo id must" not in err  # huggingface_hub's validation of a path it took for a repo id
+
+
+def test_cli_model_directory_without_tokenizer(tiny_model_path, tmp_path, capsys):
+    import shutil
+
+    model = tmp_path / "weights-only"
+    shutil.copytree(tiny_model_path, model)
+    for name in os.listdir(model):
+        if name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            os.remove(model / name)
+    cfg = write_cli_inputs(tmp_path, str(model))
+    assert main(["train", cfg]) == 2
+    err = capsys.readouterr().err
+    assert f"the local directory {str(model)!r} has no tokenizer files (one of ['tokenizer.json'" in err
+    assert "not reachable offline" not in err and "backend tokenizer" not in err
 
 
 def test_conversational_prompts_need_a_chat_template(tiny_model_path, tmp_path):
@@ -572,9 +590,9 @@ def test_reward_outputs_accepted_as_in_trl(tiny_model_path, tmp_path):
     cfg = config(tmp_path, max_steps=1, prompts_per_step=2, group_size=4)
     GTPOTrainer(tiny_model_path, [as_numpy, as_scalars, as_tensor], rows(), args=cfg).train()
     m = metrics_lines(cfg.output_dir)[0]
-    assert m["reward/as_numpy/mean"] == 0.5
-    assert m["reward/as_scalars/mean"] == pytest.approx((0.5 + 1 + 0.25 + 1 + 0 + 2 + 3) / 7, abs=1e-6)
-    assert m["reward/as_tensor/mean"] == 0.5
+    assert m["rewards/as_numpy/mean"] == 0.5
+    assert m["rewards/as_scalars/mean"] == pytest.approx((0.5 + 1 + 0.25 + 1 + 0 + 2 + 3) / 7, abs=1e-6)
+    assert m["rewards/as_tensor/mean"] == 0.5
 
 
 @pytest.mark.parametrize("outputs, pattern", [

@@ -301,7 +301,7 @@ def _metrics(out):
 def test_sft_metrics_file_and_loss_decrease(sft_run):
     rows = _metrics(sft_run["out"])
     assert [r["step"] for r in rows] == list(range(1, SFT_STEPS + 1))
-    assert all(list(r)[:3] == ["step", "loss", "lr"] for r in rows)
+    assert all(list(r)[:3] == ["step", "loss", "learning_rate"] for r in rows)
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows)
     # random init: the first loss is close to ln(vocab) (uniform predictions), ln 515 = 6.244
     vocab = len(sft_run["tok"])
@@ -313,7 +313,7 @@ def test_sft_metrics_file_and_loss_decrease(sft_run):
     # the logged lr follows the cosine schedule: lr_s = 3e-3 * (1 + cos(pi * (s - 1) / 40)) / 2
     for r in rows:
         expected = 3e-3 * 0.5 * (1 + math.cos(math.pi * (r["step"] - 1) / SFT_STEPS))
-        assert r["lr"] == pytest.approx(expected, rel=1e-6, abs=1e-12)
+        assert r["learning_rate"] == pytest.approx(expected, rel=1e-6, abs=1e-12)
 
 
 def test_sft_model_writes_the_format(sft_run):

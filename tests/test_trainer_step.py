@@ -114,7 +114,7 @@ def test_baselines_get_no_conflict_weights_unless_asked(tiny_model_path, tmp_pat
     batch, _ = grpo.sample_batch()
     adv = group_advantages(torch.arange(8.0), 4)
     assert grpo.gtpo_inputs(batch.rollout, adv).token_weights is None
-    masked = trainer_for(tiny_model_path, tmp_path / "b", loss_type="grpo", conflict_masks=True)
+    masked = trainer_for(tiny_model_path, tmp_path / "b", loss_type="grpo", conflict_masks=True, gtpo_ablation=True)
     assert masked.gtpo_inputs(batch.rollout, adv).token_weights is not None
 
 
@@ -184,10 +184,10 @@ def test_update_skips_a_non_finite_loss(tiny_model_path, tmp_path, monkeypatch):
 def test_log_policy_change_measures_the_step(tiny_model_path, tmp_path):
     trainer = trainer_for(tiny_model_path, tmp_path, log_policy_change=True)
     metrics = trainer.step()
-    assert metrics["update_norm"] > 0 and metrics["kl/new_old"] > 0 and metrics["kl/old_new"] > 0
+    assert metrics["gtpo/update_norm"] > 0 and metrics["gtpo/kl_new_old"] > 0 and metrics["gtpo/kl_old_new"] > 0
     still = trainer_for(tiny_model_path, tmp_path / "b", log_policy_change=True, learning_rate=0.0)
     m0 = still.step()
-    assert m0["update_norm"] == 0.0 and abs(m0["kl/new_old"]) < 1e-7 and abs(m0["kl/old_new"]) < 1e-7
+    assert m0["gtpo/update_norm"] == 0.0 and abs(m0["gtpo/kl_new_old"]) < 1e-7 and abs(m0["gtpo/kl_old_new"]) < 1e-7
 
 
 # ----------------------------------------------------------------------------- 6. metrics, run directory
@@ -195,9 +195,9 @@ def test_step_metrics_and_no_signal_reason(tiny_model_path, tmp_path):
     trainer = trainer_for(tiny_model_path, tmp_path, reward=lambda completions, **kw: [0.5] * len(completions),
                           loss_type="grpo")
     metrics = trainer.step()
-    assert metrics["frac_zero_std_groups"] == 1.0 and metrics["no_signal"] == 1.0
-    assert metrics["no_signal/zero_variance"] == 1.0 and trainer.no_signal.summary() == "1 (zero-variance 1)"
-    assert metrics["step"] == 1 and metrics["reward/mean"] == 0.5
+    assert metrics["frac_reward_zero_std"] == 1.0 and metrics["gtpo/no_signal"] == 1.0
+    assert metrics["gtpo/no_signal/zero_variance"] == 1.0 and trainer.no_signal.summary() == "1 (zero-variance 1)"
+    assert metrics["step"] == 1 and metrics["reward"] == 0.5
 
 
 def test_leftovers_of_a_killed_run_are_removed(tiny_model_path, tmp_path):

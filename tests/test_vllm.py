@@ -449,7 +449,7 @@ def fake_engine(monkeypatch):
 
 
 def _metrics(run_dir):
-    return [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl")) if "reward/mean" in line]
+    return [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl")) if "\"reward\":" in line]
 
 
 def test_trainer_samples_through_the_engine_and_syncs_once_per_step(tiny_model_path, tmp_path, fake_engine):

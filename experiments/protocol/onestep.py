@@ -55,7 +55,7 @@ TINY_DIR = "experiments/.cache/tiny-v3-s0"
 ARMS: dict[str, dict] = {
     "grpo": {"preset": "grpo"},
     "dr_grpo": {"preset": "dr_grpo"},
-    "grpo_masks": {"preset": "grpo", "conflict_masks": True},
+    "grpo_masks": {"preset": "grpo", "conflict_masks": True, "gtpo_ablation": True},  # a baseline + GTPO's masks
     "gtpo_paper": {"preset": "paper"},
     "gtpo_official": {"preset": "official"},
 }

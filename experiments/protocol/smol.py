@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from gtpo.metric_names import legacy_record
+
 from .common import DATA, ROOT, RUNS, cpu_seconds, now, read_jsonl, read_jsonl_gz, setup_env, write_json, write_jsonl_gz
 
 SMOL_RUNS = os.path.join(RUNS, "smol")
@@ -200,7 +202,8 @@ def export(out: str = os.path.join(DATA, "smol.jsonl.gz")) -> str:
                 continue
             d = run_dir(arm, seed)
             steps = {}
-            for m in read_jsonl(os.path.join(d, "metrics.jsonl")):
+            # the committed data keeps gtpo's earlier metric names; runs of either naming export the same way
+            for m in map(legacy_record, read_jsonl(os.path.join(d, "metrics.jsonl"))):
                 if "reward/mean" in m:
                     steps[int(m["step"])] = {k: v for k, v in m.items() if isinstance(v, (int, float))}
             comps = read_jsonl(os.path.join(d, "completions.jsonl")) if os.path.isfile(os.path.join(d, "completions.jsonl")) else []

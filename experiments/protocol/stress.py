@@ -90,14 +90,15 @@ LR_FACTORS = (2.0, 3.0, 4.5, 6.5, 10.0, 15.0)
 STEPS = 40
 ARMS: dict[str, list[str]] = {
     "grpo": ["--preset", "grpo"],
-    "grpo_masks": ["--preset", "grpo", "--conflict_masks", "true"],
-    "grpo_filter_gamma": ["--preset", "grpo", "--entropy_filter", "true", "--gamma", "0.1"],
+    # a baseline given GTPO's switches is an ablation the trainer refuses without --gtpo_ablation true
+    "grpo_masks": ["--preset", "grpo", "--conflict_masks", "true", "--gtpo_ablation", "true"],
+    "grpo_filter_gamma": ["--preset", "grpo", "--entropy_filter", "true", "--gamma", "0.1", "--gtpo_ablation", "true"],
     "gtpo_paper": ["--preset", "paper"],
     "gtpo_official": ["--preset", "official"],
     "gtpo_gamma0": ["--preset", "official", "--gamma", "0.0"],
     "gtpo_varying": ["--preset", "official", "--gamma_groups", "varying"],
-    "pos_only": ["--preset", "grpo", "--completion_sign", "positive"],
-    "neg_only": ["--preset", "grpo", "--completion_sign", "negative"],
+    "pos_only": ["--preset", "grpo", "--completion_sign", "positive", "--gtpo_ablation", "true"],
+    "neg_only": ["--preset", "grpo", "--completion_sign", "negative", "--gtpo_ablation", "true"],
 }
 
 

@@ -6,6 +6,8 @@ import json
 import os
 import time
 
+from gtpo.metric_names import legacy_record
+
 from .common import ROOT, cpu_seconds, now, read_jsonl, write_json
 
 
@@ -50,12 +52,13 @@ def execute(argv: list[str], d: str, tag: str) -> str:
 
 
 def step_metrics(d: str) -> list[dict]:
-    """Per-step numeric metrics (the last line of each step wins: a resumed run re-logs steps)."""
+    """Per-step numeric metrics under gtpo's earlier names (``reward/mean``, ...: those of the committed data;
+    :func:`gtpo.metric_names.legacy_record`), the last line of each step winning (a resumed run re-logs steps)."""
     steps: dict[int, dict] = {}
     path = os.path.join(d, "metrics.jsonl")
     if not os.path.isfile(path):
         return []
-    for m in read_jsonl(path):
+    for m in map(legacy_record, read_jsonl(path)):  # the committed data keeps gtpo's earlier metric names
         if "reward/mean" in m:
             steps[int(m["step"])] = {k: v for k, v in m.items() if isinstance(v, (int, float))}
     return [steps[k] for k in sorted(steps)]

@@ -311,6 +311,21 @@ def load_weights(model, path: str, *, peft: bool) -> None:
                          f"unexpected {sorted(unexpected)[:5]}")
 
 
+@contextlib.contextmanager
+def no_transformers_progress_bars():
+    """transformers' progress bars off inside the block (``save_pretrained``'s "Writing model shards", drawn inside
+    the training bar at every checkpoint), restored afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 # files that say "this directory holds a model": moved into place last, so that a kill while moving
 # never leaves them next to partial weights
 _MODEL_MARKERS = ("config.json", "adapter_config.json")
@@ -328,7 +343,8 @@ def save_model_atomically(model, tokenizer, output_dir: str) -> None:
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
-        model.save_pretrained(tmp, safe_serialization=True)
+        with no_transformers_progress_bars():
+            model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         fsync_tree(tmp)
         for name in sorted(os.listdir(tmp), key=lambda n: (n in _MODEL_MARKERS, n)):
@@ -588,7 +604,8 @@ class RunDirectory:
             import torch
 
             if acc.is_main_process:
-                model.save_pretrained(tmp, safe_serialization=True)
+                with no_transformers_progress_bars():
+                    model.save_pretrained(tmp, safe_serialization=True)
                 tokenizer.save_pretrained(tmp)
                 torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
                 torch.save(scheduler.state_dict(), os.path.join(tmp, "scheduler.pt"))

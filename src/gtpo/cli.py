@@ -28,20 +28,46 @@ logger = logging.getLogger("gtpo")
 
 
 # ----------------------------------------------------------------------------- argparse
+TAGS = ("Sources in the help texts: [P] the GTPO paper (Simoni et al., TACL 2026, arXiv 2508.03772), [C] its "
+        "released reference code (github.com/winstonsmith1897/GTPO), [D] a decision of this project (docs/method.md).")
+
+
+def metavar_of(field: dataclasses.Field) -> str:
+    """The placeholder of a GTPOConfig field in ``--help``: its choices (``{gtpo,grpo,...}``) or its type (``INT``,
+    ``FLOAT``, ``BOOL``, ``STR``, ``LIST``, ``MAPPING``), with ``|null`` when None is allowed."""
+    from .config import FIELD_CHOICES
+
+    t = str(field.type)
+    if field.name in FIELD_CHOICES:
+        base = "{" + ",".join(c for c in FIELD_CHOICES[field.name] if c != "none" or field.name != "report_to") + "}"
+        base = base + ("|LIST" if t.startswith("list") else "")
+    elif t.startswith("list"):
+        base = "LIST"
+    elif t.startswith("dict"):
+        base = "MAPPING"
+    else:
+        base = {"int": "INT", "float": "FLOAT", "bool": "BOOL", "str": "STR"}.get(t.split(" |")[0], "VALUE")
+    return base + ("|null" if "None" in t else "")
+
+
 def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="YAML config file (default: GTPOConfig's defaults; with no "
                                                   "arguments at all, the embedded offline default run)")
+    parser.add_argument("--config", dest="config_file", metavar="YAML", default=argparse.SUPPRESS,
+                        help="The YAML file, as `trl grpo --config` takes it (a YAML written for TRL runs unchanged: "
+                             "TRL.s names are aliases, docs/trl-yaml.md).")
     parser.add_argument("--demo", action="store_true",
                         help="Start from the embedded offline default run (what `gtpo train` without arguments "
                              "runs: SmolLM2-135M-Instruct + LoRA on offline arithmetic), e.g. --demo --seed 1.")
     run = parser.add_argument_group("run (YAML top-level keys)")
     for key, doc in RUN_KEYS.items():
-        run.add_argument(f"--{key}", metavar="VALUE", help=doc, default=argparse.SUPPRESS)
-    cfg = parser.add_argument_group("trainer config (GTPOConfig fields)")
+        run.add_argument(f"--{key}", metavar=_RUN_METAVARS.get(key, "STR"), help=doc, default=argparse.SUPPRESS)
+    cfg = parser.add_argument_group("trainer config (GTPOConfig fields; " + TAGS.split(":", 1)[1].strip() + ")")
     for f in dataclasses.fields(GTPOConfig):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        cfg.add_argument(f"--{f.name}", metavar="VALUE", default=argparse.SUPPRESS,
-                         help=f"{f.metadata.get('help', '')} (default: {default!r})".replace("%", "%%"))
+        shown = "null" if default is None else str(default).lower() if isinstance(default, bool) else repr(default)
+        cfg.add_argument(f"--{f.name}", metavar=metavar_of(f), default=argparse.SUPPRESS,
+                         help=f"{f.metadata.get('help', '')} (default: {shown})".replace("%", "%%"))
     parser.add_argument("--overwrite", action="store_true",
                         help="Replace the run in output_dir (alias of --overwrite_output_dir true).")
     parser.add_argument("--print_config", action="store_true", help="Print the merged config as YAML and exit.")
@@ -50,10 +76,27 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=GTPOConfig.PRESETS, default=None, help="Apply a preset before the config file's fields.")
 
 
+_RUN_METAVARS = {"model": "PATH|HUB_ID", "dataset": "NAME|PATH|MAPPING", "eval_dataset": "NAME|PATH|MAPPING",
+                 "reward_funcs": "LIST", "eval_reward": "NAME", "eval_before_after": "BOOL", "peft": "MAPPING|null",
+                 "sft_warmup": "MAPPING|null", "probes": "MAPPING", "resume_from_checkpoint": "BOOL|PATH",
+                 "log_level": "{debug,info,warning,error}", "engine": "{gtpo,trl}"}
+
+
 def _split_train_argv(argv: list[str]) -> tuple[str | None, dict[str, Any], bool, bool]:
-    """``gtpo train``'s arguments: ``(config_path, overrides, demo, print_config)``."""
+    """``gtpo train``'s arguments: ``(config_path, overrides, demo, print_config)``; the YAML is the first argument
+    or, as ``trl grpo`` takes it, ``--config PATH``."""
     rest = list(argv)
     config_path = rest.pop(0) if rest and not rest[0].startswith("--") else None
+    for i, tok in enumerate(rest):
+        if tok == "--config" or tok.startswith("--config="):
+            path = tok.split("=", 1)[1] if "=" in tok else (rest[i + 1] if i + 1 < len(rest) else None)
+            if not path or path.startswith("--"):
+                raise ConfigError("--config needs a YAML file: --config my.yaml")
+            if config_path is not None:
+                raise ConfigError(f"two config files: {config_path!r} and --config {path!r}; give one")
+            config_path = path
+            del rest[i:i + (1 if "=" in tok else 2)]
+            break
     print_config = bool({"--print_config", "--print-config"} & set(rest))
     demo = not argv or "--demo" in rest
     rest = [a for a in rest if a not in ("--print_config", "--print-config", "--demo")]
@@ -67,8 +110,11 @@ def train_main(argv: list[str], *, hooks=None) -> int:
 
     from .app.training import run_training
 
-    parser = argparse.ArgumentParser(prog="gtpo train", description="Train a causal LM with GTPO (or GRPO / Dr.GRPO / DAPO).",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="gtpo train", formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="gtpo train [CONFIG.yaml | --config YAML] [--demo] [--preset NAME] [--KEY VALUE ...]",
+        description="Train a causal LM with GTPO (or GRPO / Dr.GRPO / DAPO): YAML keys and --key VALUE overrides "
+                    "(values read as YAML: true, 1e-5, [1, 8], null).\n\n" + TAGS)
     _add_train_arguments(parser)
     if any(a in ("-h", "--help") for a in argv):
         parser.print_help()

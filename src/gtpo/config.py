@@ -54,6 +54,14 @@ VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 RUN_DTYPES = ("auto", "float32", "bfloat16")
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adamw_8bit", "paged_adamw_8bit")
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+#: the values each choice field of GTPOConfig takes (validation and ``gtpo train --help`` read them here)
+FIELD_CHOICES: dict[str, tuple[str, ...]] = {
+    "loss_type": LOSS_TYPES, "scale_rewards": SCALE_REWARDS, "loss_aggregation": AGGREGATIONS,
+    "conflict_combine": CONFLICT_COMBINE, "conflict_count": CONFLICT_COUNT, "completion_reduction": COMPLETION_REDUCTIONS,
+    "entropy_rule": ENTROPY_RULES, "entropy_filter_scope": FILTER_SCOPES, "gamma_groups": GAMMA_GROUPS,
+    "completion_sign": COMPLETION_SIGNS, "report_to": REPORT_TARGETS, "vllm_dtype": VLLM_DTYPES, "dtype": RUN_DTYPES,
+    "optim": OPTIMIZERS, "vllm_importance_sampling_mode": VLLM_IS_MODES,
+}
 #: GTPOConfig's vLLM fields that are trl.GRPOConfig fields of the same name and meaning: TRL's engine passes them on
 #: when set (TRL keeps its own defaults otherwise, e.g. vllm_importance_sampling_mode "sequence_mask")
 SHARED_VLLM_FIELDS = ("use_vllm", "vllm_gpu_memory_utilization", "vllm_max_model_length",
@@ -95,6 +103,12 @@ class GTPOConfig:
         8,
         "Completions sampled per prompt (G; TRL: num_generations). Advantages are relative to the group. "
         "[C] uses 8 (also 12). Must be >= 2.",
+    )
+    num_generations: int | None = _f(
+        None,
+        "TRL's name of group_size, accepted as an alias (a TRL YAML or GRPOConfig keywords work unchanged): "
+        "when set, group_size takes its value and it reads None afterwards. Setting both to different values "
+        "is refused.",
     )
     prompts_per_step: int = _f(
         1,
@@ -190,6 +204,14 @@ class GTPOConfig:
         "all",
         "Train on 'all' completions, or only the 'positive' (A > 0) or 'negative' (A < 0) ones by the sign of "
         "the unshaped advantage: controls of the science protocol (positive-/negative-sample reinforcement) [D].",
+    )
+    gtpo_ablation: bool = _f(
+        False,
+        "Allow GTPO's switches on a baseline loss (grpo/dr_grpo/dapo): conflict_masks true, entropy_filter true, "
+        "gamma > 0, completion_sign other than 'all'. Without it such a run is refused, naming the fields, so that "
+        "a baseline is never silently mixed with GTPO (e.g. a GTPO YAML rerun with --loss_type grpo keeps gamma "
+        "0.1); with it the run is that ablation (e.g. the paper's 'GRPO + filter + gamma') [D]. gtpo's trainer "
+        "only: TRL's engine runs TRL's own code for its loss types.",
     )
 
     # ------------------------------------------------------------------ DAPO extras
@@ -420,6 +442,13 @@ class GTPOConfig:
 
     # ------------------------------------------------------------------ helpers
     def __post_init__(self) -> None:
+        if self.num_generations is not None:  # TRL's name of group_size
+            default = GTPOConfig.__dataclass_fields__["group_size"].default
+            if self.group_size not in (default, self.num_generations):
+                raise ConfigValueError(
+                    f"GTPOConfig.num_generations={self.num_generations!r} is TRL's name of group_size, which is "
+                    f"{self.group_size!r}: set one of them", "num_generations")
+            self.group_size, self.num_generations = self.num_generations, None
         if isinstance(self.report_to, str):
             self.report_to = [self.report_to]
         if isinstance(self.report_to, (list, tuple)):
@@ -670,6 +699,7 @@ class GTPOConfig:
                 "GTPOConfig.beta must be 0 for loss_type='gtpo': GTPO drops the KL term and loads no "
                 f"reference model (arXiv 2508.03772), got beta={self.beta!r}"
             )
+        self._validate_baseline_purity()
         if self.loss_type == "gtpo" and self.loss_aggregation is not None:
             raise ValueError(
                 "GTPOConfig.loss_aggregation applies to grpo/dr_grpo/dapo; GTPO uses completion_reduction "
@@ -687,6 +717,29 @@ class GTPOConfig:
         self._validate_precision()
         if not self.eval_k or any((not isinstance(k, int)) or k < 1 for k in self.eval_k):
             raise ValueError(f"GTPOConfig.eval_k must be a non-empty list of integers >= 1, got {self.eval_k!r}")
+
+    #: GTPO's switches that act on a baseline loss, with the values that leave the baseline as it is
+    GTPO_SWITCHES = {"conflict_masks": (None, False), "entropy_filter": (None, False), "gamma": (None, 0.0),
+                     "completion_sign": ("all",)}
+
+    def gtpo_switches_on(self) -> list[str]:
+        """``field=value`` of every GTPO switch that acts on this run's loss when it is a baseline (none for gtpo)."""
+        if self.loss_type == "gtpo":
+            return []
+        return [f"{name}={getattr(self, name)!r}" for name, off in self.GTPO_SWITCHES.items()
+                if getattr(self, name) not in off]
+
+    def _validate_baseline_purity(self) -> None:
+        """A baseline loss with GTPO's switches on is refused unless ``gtpo_ablation`` says it is meant."""
+        on = self.gtpo_switches_on()
+        if on and not self.gtpo_ablation:
+            raise ValueError(
+                f"GTPOConfig.loss_type={self.loss_type!r} is a baseline, but GTPO's {', '.join(on)} would change it "
+                f"(a {self.loss_type} run mixed with GTPO). For the pure baseline unset them (null, or "
+                "gamma: 0 / entropy_filter: false / conflict_masks: false / completion_sign: all), e.g. start from "
+                f"--preset {self.loss_type} without a GTPO YAML; for an ablation that adds them to {self.loss_type}, "
+                "set gtpo_ablation: true (--gtpo_ablation true)"
+            )
 
     # presets ---------------------------------------------------------------------------
     PRESETS = ("official", "paper", "grpo", "dr_grpo", "dapo")

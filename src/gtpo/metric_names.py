@@ -3,14 +3,15 @@
 Both engines write these names to ``metrics.jsonl`` and to the trackers (docs/metrics.md has the
 table with what each metric means). Runs written before the names followed TRL's (``reward/mean``,
 ``entropy/mean``, ``truncated_frac``, ``lr``, ...) are still read: :func:`canonical_record` gives
-any record, old or new, the current names. No torch import here.
+any record, old or new, the current names; :func:`legacy_record` the earlier names, for data sets
+kept in that form (the committed data of ``experiments/``). No torch import here.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-__all__ = ["RENAMED", "canonical_name", "canonical_record"]
+__all__ = ["RENAMED", "canonical_name", "canonical_record", "legacy_name", "legacy_record"]
 
 #: earlier gtpo name -> current name (TRL's, or GTPO's own under ``gtpo/``)
 RENAMED: dict[str, str] = {
@@ -58,6 +59,32 @@ def canonical_record(record: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in record.items():
         name = canonical_name(key)
+        if name != key and name in record:
+            continue
+        out[name] = value
+    return out
+
+
+_LEGACY = {new: old for old, new in RENAMED.items()}
+
+
+def legacy_name(key: str) -> str:
+    """The earlier name of a metric (the inverse of :func:`canonical_name`); a key without one as it is."""
+    if key in _LEGACY:
+        return _LEGACY[key]
+    if key.startswith("rewards/") and key.count("/") >= 2:
+        return "reward/" + key[len("rewards/"):]
+    if key.startswith("gtpo/no_signal/"):
+        return key[len("gtpo/"):]
+    return key
+
+
+def legacy_record(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``record`` (old or current names) with the earlier names, in the same order; where a line holds a metric
+    under both names, the earlier name's value is kept."""
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        name = legacy_name(key)
         if name != key and name in record:
             continue
         out[name] = value

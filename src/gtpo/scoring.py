@@ -2,7 +2,11 @@
 
 Each reward function gets TRL's call ``f(prompts=, completions=, completion_ids=, **dataset_columns)``
 and returns one value per completion: a real number (Python, numpy or a one-element tensor; bools
-count as 0/1, as in TRL) or None (not scored by this function). The reward is the weighted sum of
+count as 0/1, as in TRL) or None (not scored by this function). As in TRL, a function may be
+``async def``: the async functions of a step run concurrently (``asyncio.gather``) on an event loop
+of their own, kept for the scorer's lifetime (a daemon thread), so that they may hold loop-bound
+clients between steps. A sequence-classification model is a reward too
+(:class:`SequenceClassificationReward`: its logit on the prompt + completion, as TRL scores it). The reward is the weighted sum of
 the functions' values. Anything unusable raises :class:`gtpo.errors.RewardFunctionError` naming
 the function, the completion, its prompt index in the step, its dataset row and, when the function
 raised, the line of its own code that raised and the first prompt it fails on.
@@ -13,9 +17,13 @@ raised, the line of its own code that raised and the first prompt it fails on.
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import math
 import numbers
 import os
+import threading
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -25,7 +33,7 @@ import torch
 from .errors import RewardFunctionError
 from .rollout import Rollout
 
-__all__ = ["RewardScorer", "ScoredBatch", "overlong_penalty"]
+__all__ = ["RewardScorer", "ScoredBatch", "SequenceClassificationReward", "overlong_penalty"]
 
 
 @dataclass
@@ -84,8 +92,116 @@ def overlong_penalty(lengths: torch.Tensor, *, max_completion_length: int, buffe
     return -penalty_factor * over.clamp(max=1.0)
 
 
+def unwrap(result: Any) -> Any:
+    """``result`` of :meth:`_EventLoop.run`, raising it when it is the exception an awaitable raised."""
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
 def reward_name(func: Callable) -> str:
     return getattr(func, "__name__", None) or type(func).__name__
+
+
+def is_async_reward(func: Callable) -> bool:
+    """Whether calling ``func`` gives a coroutine: an ``async def`` function or a callable object whose
+    ``__call__`` is one (``functools.partial`` of either included)."""
+    while hasattr(func, "func") and not inspect.isfunction(func):  # functools.partial
+        func = func.func
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))
+
+
+class _EventLoop:
+    """An asyncio loop on a daemon thread, started at the first :meth:`run` (async reward functions; TRL runs
+    them the same way, so that a running loop of the caller, e.g. Jupyter's, does not matter)."""
+
+    def __init__(self):
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def run(self, awaitables: list) -> list:
+        """Await ``awaitables`` concurrently; returns their results in order (an exception in place of a result
+        that raised)."""
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+            threading.Thread(target=self.loop.run_forever, name="gtpo-async-rewards", daemon=True).start()
+
+        async def gather():
+            return await asyncio.gather(*awaitables, return_exceptions=True)
+
+        return asyncio.run_coroutine_threadsafe(gather(), self.loop).result()
+
+
+class SequenceClassificationReward:
+    """A sequence-classification model as a reward function (TRL's contract): the reward of a completion is the
+    model's first logit on the prompt followed by the completion, as TRL's ``GRPOTrainer`` scores a reward model.
+
+    Standard prompts are scored on ``prompt + completion``; conversational ones on the reward tokenizer's chat
+    template of the prompt messages plus the completion's. Texts are tokenized without special tokens, padded on
+    the right (the model reads the last non-pad token: ``model.config.pad_token_id`` is set to the tokenizer's).
+    The model runs in inference mode on the device of the rollout (:meth:`place`).
+
+    Args:
+        model: a ``transformers`` ``...ForSequenceClassification`` model (``num_labels=1`` as TRL loads it).
+        tokenizer: its tokenizer; loaded from ``model.config._name_or_path`` when None. A tokenizer without a pad
+            token pads with its EOS token.
+        name: the reward's name in metrics (default: the last part of the model's path or hub id).
+    """
+
+    def __init__(self, model, tokenizer=None, *, name: str | None = None):
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model.config._name_or_path)
+        if tokenizer.pad_token_id is None:
+            if tokenizer.eos_token is None:
+                raise ValueError(f"reward model {model.config._name_or_path!r}: its tokenizer has neither a pad "
+                                 "nor an EOS token; give a tokenizer with a pad token")
+            tokenizer.pad_token = tokenizer.eos_token
+        model.config.pad_token_id = tokenizer.pad_token_id
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.__name__ = name or str(model.config._name_or_path).rstrip("/").split("/")[-1] or type(model).__name__
+
+    @classmethod
+    def from_pretrained(cls, path: str, **model_kwargs) -> "SequenceClassificationReward":
+        """Load a reward model (``AutoModelForSequenceClassification``, ``num_labels=1``) and its tokenizer from a
+        local directory or a hub id; ValueError naming ``path`` when it is not a sequence-classification model."""
+        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+        try:
+            config = AutoConfig.from_pretrained(path)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"reward model {path!r}: cannot read its config: {str(err).splitlines()[0]}") from err
+        if not any(a.endswith("ForSequenceClassification") for a in (config.architectures or [])):
+            raise ValueError(f"reward model {path!r}: expected a sequence-classification model (architectures "
+                             f"...ForSequenceClassification), got {config.architectures}")
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **model_kwargs)
+        return cls(model, AutoTokenizer.from_pretrained(path))
+
+    def place(self, device) -> None:
+        """Move the model to ``device`` (the rollout's) if it is elsewhere."""
+        if next(self.model.parameters()).device != torch.device(device):
+            self.model.to(device)
+
+    def texts(self, prompts: list, completions: list) -> list[str]:
+        """The texts the model scores, one per completion (see the class docstring)."""
+        out = []
+        for prompt, completion in zip(prompts, completions):
+            if isinstance(prompt, str):
+                out.append(prompt + (completion if isinstance(completion, str) else completion[-1]["content"]))
+            else:
+                messages = list(prompt) + (list(completion) if not isinstance(completion, str)
+                                           else [{"role": "assistant", "content": completion}])
+                out.append(self.tokenizer.apply_chat_template(messages, tokenize=False))
+        return out
+
+    def __call__(self, prompts: list, completions: list, **kwargs) -> list[float]:
+        enc = self.tokenizer(self.texts(prompts, completions), return_tensors="pt", padding=True,
+                             padding_side="right", add_special_tokens=False)
+        device = next(self.model.parameters()).device
+        with torch.inference_mode():
+            logits = self.model(**{k: v.to(device) for k, v in enc.items()}).logits  # (N, num_labels)
+        return logits[:, 0].float().cpu().tolist()
 
 
 class RewardScorer:
@@ -99,7 +215,8 @@ class RewardScorer:
     def __init__(self, funcs: list[Callable], weights: list[float] | None = None):
         if not funcs:
             raise ValueError("reward_funcs is empty: give at least one reward function")
-        self.funcs = list(funcs)
+        self.funcs = [SequenceClassificationReward(f) if isinstance(f, torch.nn.Module) else f for f in funcs]
+        self._loop = _EventLoop()
         self.names = [reward_name(f) for f in self.funcs]
         weights = weights if weights is not None else [1.0] * len(self.funcs)
         if len(weights) != len(self.funcs):
@@ -131,15 +248,25 @@ class RewardScorer:
         ids = [c[m.bool()].tolist() for c, m in zip(rollout.completion_ids, rollout.completion_mask)]
         n = len(prompts)
         per_func = torch.empty((n, len(self.funcs)), dtype=torch.float32)
-        for j, (func, name) in enumerate(zip(self.funcs, self.names)):
-            def call(sl: slice, func=func):
-                return func(prompts=prompts[sl], completions=completions[sl], completion_ids=ids[sl],
-                            **{k: v[sl] for k, v in columns.items()})
 
+        def call(sl: slice, func):
+            if isinstance(func, SequenceClassificationReward):
+                func.place(rollout.completion_ids.device)
+            out = func(prompts=prompts[sl], completions=completions[sl], completion_ids=ids[sl],
+                       **{k: v[sl] for k, v in columns.items()})
+            return unwrap(self._loop.run([out])[0]) if inspect.isawaitable(out) else out
+
+        # the async functions of the step run concurrently, started before the others (as TRL gathers them)
+        pending = [j for j, f in enumerate(self.funcs) if is_async_reward(f)]
+        gathered = dict(zip(pending, self._loop.run([
+            self.funcs[j](prompts=prompts, completions=completions, completion_ids=ids, **columns)
+            for j in pending]))) if pending else {}
+        for j, (func, name) in enumerate(zip(self.funcs, self.names)):
+            one = functools.partial(call, func=func)
             try:
-                out = call(slice(None))
+                out = unwrap(gathered[j]) if j in gathered else one(slice(None))
             except Exception as err:  # name the function and the prompt; keep the original traceback chained
-                raise RewardFunctionError(_raised_message(name, err, call, rows, prompts, g, step)) from err
+                raise RewardFunctionError(_raised_message(name, err, one, rows, prompts, g, step)) from err
             out = _reward_values(out, name, n, rows, g, step)
             for i, v in enumerate(out):
                 per_func[i, j] = _reward_value(v, name, i, rows, g, step)

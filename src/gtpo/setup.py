@@ -279,7 +279,10 @@ def load_policy_model(model: str | nn.Module, args: GTPOConfig, *, peft_config, 
                              "adapter can be trained on it; give a peft config (peft: {r: ...} in the YAML)")
         base = prepare_quantized_base(base, precision)
     if args.gradient_checkpointing:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5 (the old name warns there)
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if peft_config is not None and hasattr(base, "enable_input_require_grads"):
             base.enable_input_require_grads()
     return base
@@ -288,9 +291,13 @@ def load_policy_model(model: str | nn.Module, args: GTPOConfig, *, peft_config, 
 def add_adapter(base: nn.Module, peft_config, precision: Precision) -> nn.Module:
     """``get_peft_model(base, peft_config)`` with every trainable parameter in the precision's ``trainable``
     dtype (peft upcasts bf16 adapters to float32 itself; this makes it a rule)."""
+    import warnings
+
     from peft import get_peft_model
 
-    model = get_peft_model(base, peft_config)
+    with warnings.catch_warnings():  # peft 0.21 reads transformers 5's deprecated is_gradient_checkpointing
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
+        model = get_peft_model(base, peft_config)
     for param in model.parameters():
         if param.requires_grad and param.dtype != precision.trainable:
             param.data = param.data.to(precision.trainable)

@@ -219,15 +219,15 @@ def _log_rows(log_history: list[dict]) -> list[dict]:
     """TRL's ``trainer.state.log_history`` as metrics rows: one per logged training step.
 
     Keeps the entries that have a ``loss`` (the end-of-training summary has ``train_loss``
-    instead and is dropped), renames ``learning_rate`` to ``lr`` (the key ``gtpo.report``
-    plots) and puts ``step``, ``loss``, ``lr`` first. Other keys (``grad_norm``, ``entropy``,
-    ``mean_token_accuracy``, ``num_tokens``, ``epoch``) are kept as TRL logs them.
+    instead and is dropped) and puts ``step``, ``loss``, ``learning_rate`` first. Every key is
+    kept as TRL logs it (``grad_norm``, ``entropy``, ``mean_token_accuracy``, ``num_tokens``,
+    ``epoch``): the names ``gtpo report`` reads (:mod:`gtpo.metric_names`).
     """
     rows = []
     for entry in log_history:
         if "loss" not in entry:
             continue
-        row = {"step": entry.get("step"), "loss": entry["loss"], "lr": entry.get("learning_rate")}
+        row = {"step": entry.get("step"), "loss": entry["loss"], "learning_rate": entry.get("learning_rate")}
         row.update({k: v for k, v in entry.items() if k not in ("step", "loss", "learning_rate")})
         rows.append(row)
     return rows

@@ -53,9 +53,11 @@ from .data import as_dataset
 from .diagnostics import NoSignalCounter, policy_change_sums, probe_probabilities, signal_counts
 from .errors import TrainingStopped
 from .losses import POLICY_LOSSES, LossExtras, sampler_importance_weights
+from .metric_names import canonical_name
 from .policy import PolicyForward
 from .rollout import PromptSampler, Rollout, encode_dataset_prompts, eos_token_ids, generate
 from .scoring import RewardScorer, ScoredBatch, overlong_penalty
+from .trackers import check_trackers, start_trackers
 
 logger = logging.getLogger("gtpo")
 
@@ -230,6 +232,7 @@ class GTPOTrainer:
             from .vllm_engine import require_vllm
 
             require_vllm("GTPOConfig.use_vllm")
+        check_trackers(args.report_to, where="GTPOConfig.report_to")  # a missing tracker would log nothing
         self.accelerator = acc = Accelerator(mixed_precision="bf16" if args.bf16 else "no",
                                              log_with=list(args.report_to) or None, project_dir=args.output_dir,
                                              cpu=cpu_only())
@@ -669,7 +672,8 @@ class GTPOTrainer:
     # ------------------------------------------------------------------ 6. metrics
     def _metrics(self, batch: ScoredBatch, all_rewards: torch.Tensor, inputs: UpdateInputs, result: UpdateResult,
                  stats: dict[str, float], no_signal: str | None, times: tuple[float, float, float]) -> dict[str, float]:
-        """The step's metrics, averaged over processes (one host sync)."""
+        """The step's metrics, averaged over processes (one host sync). TRL's names where TRL logs the same
+        quantity, GTPO's own under ``gtpo/`` (:mod:`gtpo.metric_names`; the table: docs/metrics.md)."""
         acc, g = self.accelerator, self.args.group_size
         dev = acc.device
         rollout = batch.rollout
@@ -677,18 +681,19 @@ class GTPOTrainer:
         lengths = rollout.lengths.float()
         local = {
             "loss": result.loss,
-            "entropy/mean": result.entropy_sum / inputs.mask.sum().clamp(min=1).to(dev),
-            "completion_length/mean": lengths.mean(),
-            "truncated_frac": rollout.truncated.float().mean(),
+            "entropy": result.entropy_sum / inputs.mask.sum().clamp(min=1).to(dev),
+            "completions/mean_length": lengths.mean(),
+            "completions/clipped_ratio": rollout.truncated.float().mean(),
             "gtpo/conflict_frac": inputs.conflict_frac,
-            **{key: val / n for key, val in result.metrics.items()},
-            **result.policy_change,
+            **{canonical_name(key): val / n for key, val in result.metrics.items()},
+            **{canonical_name(key): val for key, val in result.policy_change.items()},
             **{k: v for k, v in (result.sampler or {}).items() if not k.endswith(("_max", "_min"))},
         }
         for j, name in enumerate(self.scorer.names):
             col = batch.per_func[:, j]
             valid = ~torch.isnan(col)
-            local[f"reward/{name}/mean"] = col[valid].mean() if valid.any() else torch.tensor(0.0)
+            local[f"rewards/{name}/mean"] = col[valid].mean() if valid.any() else torch.tensor(0.0)
+            local[f"rewards/{name}/std"] = col[valid].std() if valid.sum() > 1 else torch.tensor(0.0)
         keys = sorted(local)
         vec = torch.stack([torch.as_tensor(local[k], dtype=torch.float32).to(dev).reshape(()) for k in keys])
         metrics: dict[str, float] = dict(zip(keys, acc.reduce(vec, "mean").cpu().tolist()))
@@ -701,22 +706,23 @@ class GTPOTrainer:
         grad_norm = result.grad_norm
         metrics.update({
             "step": self.global_step,
-            "reward/mean": float(all_rewards.mean()),
-            "reward/std": float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0,
-            "frac_zero_std_groups": float((all_rewards.view(-1, g).std(dim=1) < 1e-8).float().mean()),
-            "completion_length/max": float(acc.reduce(lengths.max().to(dev), "max")),
+            "reward": float(all_rewards.mean()),
+            "reward_std": float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0,
+            "frac_reward_zero_std": float((all_rewards.view(-1, g).std(dim=1) < 1e-8).float().mean()),
+            "completions/max_length": float(acc.reduce(lengths.max().to(dev), "max")),
+            "completions/min_length": -float(acc.reduce(-lengths.min().to(dev), "max")),
             "grad_norm": float(grad_norm) if torch.isfinite(grad_norm) else float("nan"),
-            "lr": float(self.scheduler.get_last_lr()[0]),
-            "skipped_steps": float(self.skipped_steps),
-            "skipped_updates": float(self.skipped_updates),
-            "no_signal_steps": float(self.no_signal.total),
-            **{f"no_signal/{k}": float(v) for k, v in self.no_signal.counts.items()},
-            "no_signal": float(no_signal is not None),
-            "step_time_s": step_time,
-            "generation_time_s": t_gen,
-            "update_time_s": t_upd,
-            "tokens_per_s": float(acc.reduce(lengths.sum().to(dev), "sum")) / max(step_time, 1e-9),
-            **stats,
+            "learning_rate": float(self.scheduler.get_last_lr()[0]),
+            "gtpo/skipped_steps": float(self.skipped_steps),
+            "gtpo/skipped_updates": float(self.skipped_updates),
+            "gtpo/no_signal_steps": float(self.no_signal.total),
+            **{f"gtpo/no_signal/{k}": float(v) for k, v in self.no_signal.counts.items()},
+            "gtpo/no_signal": float(no_signal is not None),
+            "step_time": step_time,
+            "gtpo/generation_time": t_gen,
+            "gtpo/update_time": t_upd,
+            "gtpo/tokens_per_s": float(acc.reduce(lengths.sum().to(dev), "sum")) / max(step_time, 1e-9),
+            **{canonical_name(key): val for key, val in stats.items()},
         })
         if self.initial_entropy is not None:
             metrics["gtpo/initial_entropy"] = self.initial_entropy
@@ -749,7 +755,7 @@ class GTPOTrainer:
                                               "reward_funcs": self.scorer.names, "num_processes": acc.num_processes,
                                               "dropped_prompts": self.dropped_prompts})
         if a.report_to:
-            acc.init_trackers(a.run_name or os.path.basename(os.path.abspath(a.output_dir)), config=a.to_dict())
+            start_trackers(acc, a.run_name or os.path.basename(os.path.abspath(a.output_dir)), a.to_dict())
         previous = self._install_signal_handlers()
         bar = tqdm(total=a.max_steps, initial=self.global_step, disable=a.disable_tqdm or not acc.is_main_process,
                    desc=f"{a.loss_type} training", dynamic_ncols=True)
@@ -775,8 +781,8 @@ class GTPOTrainer:
                 if a.report_to and self.global_step % a.logging_steps == 0:
                     acc.log({k: v for k, v in metrics.items() if k != "step"}, step=self.global_step)
                 bar.update(1)
-                postfix = {"reward": f"{metrics['reward/mean']:.3f}", "entropy": f"{metrics['entropy/mean']:.3f}",
-                           "step_s": f"{metrics['step_time_s']:.2f}"}
+                postfix = {"reward": f"{metrics['reward']:.3f}", "entropy": f"{metrics['entropy']:.3f}",
+                           "step_s": f"{metrics['step_time']:.2f}"}
                 if self.no_signal.total:
                     postfix["no_signal"] = self.no_signal.summary()
                 bar.set_postfix(postfix)

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from ..config import SHARED_VLLM_FIELDS, GTPOConfig
 from ..errors import ConfigError
+from .trl_names import TRL_SPEC_KEYS, apply_trl_names
 
 __all__ = ["DATASET_KEYS", "DEFAULT_SOURCE", "ENGINES", "PEFT_KEYS", "RUN_DEFAULTS", "RUN_KEYS", "SFT_KEYS", "TrainSpec",
            "apply_overrides", "coerce_value", "default_config_text", "load_yaml", "parse_overrides", "parse_value",
@@ -59,8 +60,8 @@ RUN_DEFAULTS: dict[str, Any] = {
     "engine": "gtpo",
 }
 ENGINES = ("gtpo", "trl")
-DATASET_KEYS = ("name", "split", "size", "seed", "template", "system_prompt", "columns", "path", "kwargs")
-PEFT_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora")
+DATASET_KEYS = ("name", "split", "size", "seed", "template", "system_prompt", "columns", "path", "kwargs", "config")
+PEFT_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora", "use_dora", "modules_to_save")
 SFT_KEYS = ("max_steps", "learning_rate", "batch_size", "size", "max_length")
 
 
@@ -168,6 +169,7 @@ def split_spec(spec: dict[str, Any], *, source: str,
     engine = spec.get("engine", RUN_DEFAULTS["engine"])
     if engine not in ENGINES:
         raise ConfigError(f"{where('engine')}: engine must be one of {list(ENGINES)}, got {engine!r}")
+    spec = apply_trl_names(spec, engine=engine, where=where)  # a YAML written for `trl grpo`
     trl_options: dict[str, Any] = {}
     for key, value in spec.items():
         if key in RUN_KEYS:
@@ -332,7 +334,7 @@ def resolve_train_spec(config_path: str | None, overrides: dict[str, Any], *, de
         spec, source = {}, "the command line"
     else:
         spec, source = load_yaml(config_path), config_path
-    allowed = set(GTPOConfig.field_names()) | set(RUN_KEYS)
+    allowed = set(GTPOConfig.field_names()) | set(RUN_KEYS) | set(TRL_SPEC_KEYS)
     engine = overrides.get("engine", spec.get("engine"))
     for key in overrides:
         top = key.split(".")[0]

@@ -44,15 +44,29 @@ def _check_runnable(run: dict[str, Any], config: GTPOConfig, *, source: str, opt
                               f"{VLLM_INSTALL_HINT}")
 
 
+def _quantizes(spec: dict[str, Any]) -> bool:
+    """Whether a spec loads a 4-bit/8-bit base (``model_init_kwargs.quantization_config``, TRL's ``load_in_4bit``)."""
+    init = spec.get("model_init_kwargs")
+    return bool(isinstance(init, dict) and init.get("quantization_config")) or bool(
+        spec.get("load_in_4bit") or spec.get("load_in_8bit"))
+
+
 def load_run_inputs(spec: dict[str, Any], *, source: str, options=frozenset()) -> RunInputs:
     """Validate ``spec`` (:func:`gtpo.app.spec.split_spec`) and load what its run is made of: datasets, reward
     functions, the SFT warm-up (``sft_warmup``: trained once into ``output_dir/sft-warmup`` and reused)."""
     from ..rewards import resolve_reward
 
+    from ..models import import_bitsandbytes_quietly
+
+    # before anything imports peft or TRL (which import bitsandbytes), so checking the spec imports it quietly too
+    import_bitsandbytes_quietly(quantizing=_quantizes(spec))
     run, config = split_spec(spec, source=source, options=options)
     logging.basicConfig(level=getattr(logging, str(run["log_level"]).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _check_runnable(run, config, source=source, options=options)
+    from ..trackers import check_trackers
+
+    check_trackers(config.report_to, where=where_of(options, "report_to", source))  # both engines, before loading
     train_ds = load_dataset_spec(run["dataset"], default_split="train")
     eval_ds = None if run["eval_dataset"] is None else load_dataset_spec(run["eval_dataset"], default_split="test")
     rewards = [resolve_reward(r) for r in run["reward_funcs"]]

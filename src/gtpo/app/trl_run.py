@@ -8,8 +8,10 @@ through. Prompts longer than ``max_prompt_length`` are dropped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import warnings
 from typing import Any
 
 from ..errors import ConfigError
@@ -20,6 +22,15 @@ logger = logging.getLogger("gtpo")
 __all__ = ["run_trl_training"]
 
 
+@contextlib.contextmanager
+def _library_deprecations_hidden():
+    """The deprecation notices transformers 5 gives TRL 1.16's and peft 0.21's own use of ``gradient_checkpointing`` /
+    ``is_gradient_checkpointing`` (on every run, whatever the user set) hidden inside the block."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*`(is_)?gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "the command line",
                      hooks: RunHooks | None = None) -> int:
     """Train ``inputs`` (``inputs.run["trl"]`` holds the ``trl.GRPOConfig`` options) on
@@ -28,7 +39,7 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
     tells which fields the user set (TRL's batch fields may not be mixed with gtpo's). Returns the exit code."""
     from accelerate import PartialState
 
-    from ..checkpoint import write_json_atomic
+    from ..checkpoint import no_transformers_progress_bars, write_json_atomic
     from ..integrations.trl import TRLGTPOConfig, TRLGTPOTrainer, drop_long_prompts, metrics_file_callback
     from ..models import load_model, load_tokenizer, resolve_model_spec
 
@@ -41,9 +52,12 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
         options.setdefault("eval_strategy", "no")
     else:
         options.setdefault("per_device_eval_batch_size", config.group_size)
+    if state.device.type == "cpu":  # no pinned memory without an accelerator (torch warns on every step)
+        options.setdefault("dataloader_pin_memory", False)
     try:
-        args = TRLGTPOConfig.from_gtpo_config(config, num_processes=state.num_processes, set_fields=set(spec),
-                                              **options)
+        with _library_deprecations_hidden():
+            args = TRLGTPOConfig.from_gtpo_config(config, num_processes=state.num_processes,
+                                                  set_fields=set(spec), **options)
     except ValueError as err:
         raise ConfigError(f"{source}: {err}") from None
     if run.get("probes"):
@@ -59,18 +73,20 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
         before = hooks.accuracy(policy if gguf else load_model(model), tokenizer, eval_dataset, inputs.eval_reward,
                                 config)
         print(f"greedy accuracy before training: {before:.1%} on {len(eval_dataset)} held-out problems", flush=True)
-    trainer = TRLGTPOTrainer(model=policy, reward_funcs=inputs.reward_funcs, args=args, train_dataset=train_dataset,
-                             eval_dataset=eval_dataset if evaluating else None, processing_class=tokenizer,
-                             peft_config=build_peft_config(run["peft"]),
-                             callbacks=[metrics_file_callback(config.output_dir)])
+    with _library_deprecations_hidden():
+        trainer = TRLGTPOTrainer(model=policy, reward_funcs=inputs.reward_funcs, args=args,
+                                 train_dataset=train_dataset, eval_dataset=eval_dataset if evaluating else None,
+                                 processing_class=tokenizer, peft_config=build_peft_config(run["peft"]),
+                                 callbacks=[metrics_file_callback(config.output_dir)])
     if hooks.on_trainer is not None:
         hooks.on_trainer(trainer)
     if state.is_main_process:
         os.makedirs(config.output_dir, exist_ok=True)
         write_json_atomic(os.path.join(config.output_dir, "run_config.json"),
                           {**config.to_dict(), "engine": "trl", "model": model, "trl": options})
-    trainer.train(resume_from_checkpoint=run["resume_from_checkpoint"])
-    trainer.save_model(config.output_dir)
+    with _library_deprecations_hidden(), no_transformers_progress_bars():  # TRL's own bar stays
+        trainer.train(resume_from_checkpoint=run["resume_from_checkpoint"])
+        trainer.save_model(config.output_dir)
     if state.is_main_process:
         finish_run({"engine": "trl", "steps": trainer.state.global_step}, inputs,
                    trainer.accelerator.unwrap_model(trainer.model), tokenizer, before, hooks=hooks)

@@ -160,7 +160,7 @@ RENAMED = {
 ENGINE_ONLY = ("decode_loop", "logprob_chunk_size", "log_policy_change", "max_consecutive_skips",
                "log_completions_steps", "eval_num_samples", "eval_k", "eval_temperature", "eval_max_new_tokens",
                "generation_batch_size", "max_resample_rounds", "vllm_kv_cache_memory_bytes", "vllm_dtype",
-               "vllm_enforce_eager")
+               "vllm_enforce_eager", "gtpo_ablation")
 #: GTPOConfig fields of features TRL's GRPOTrainer does not have.
 UNAVAILABLE = ("dynamic_sampling",)
 
@@ -254,8 +254,20 @@ class TRLGTPOConfig(GRPOConfig):
     overlong_buffer_length: int = _gtpo_field("overlong_buffer_length")
     overlong_penalty_factor: float = _gtpo_field("overlong_penalty_factor")
     logprob_temperature: float | None = _gtpo_field("logprob_temperature")
+    group_size: int | None = field(
+        default=None,
+        metadata={"help": "gtpo's name of num_generations, accepted as an alias (gtpo.GTPOConfig keywords work "
+                          "unchanged): when set, num_generations takes its value and it reads None afterwards. "
+                          "Setting both to different values is refused."},
+    )
 
     def __post_init__(self):
+        if self.group_size is not None:  # gtpo's name of num_generations
+            trl_default = _TRL_FIELDS["num_generations"].default
+            if self.num_generations not in (trl_default, self.group_size):
+                raise ConfigValueError(f"TRLGTPOConfig.group_size={self.group_size!r} is gtpo's name of num_generations, "
+                                       f"which is {self.num_generations!r}: set one of them", "group_size")
+            self.num_generations, self.group_size = self.group_size, None
         if self.scale_rewards is None:
             self.scale_rewards = "none" if self.loss_type == "gtpo" else "group"
         mismatch = self.logprob_temperature is not None and self.logprob_temperature != self.temperature
@@ -793,21 +805,12 @@ class TRLGTPOTrainer(GRPOTrainer):
 
 
 # ----------------------------------------------------------------------------------------- gtpo train --engine trl
-#: TRL's log keys -> gtpo's metrics.jsonl names (``gtpo report`` reads them); other keys are kept as they are.
-_METRIC_NAMES = {"reward": "reward/mean", "reward_std": "reward/std", "entropy": "entropy/mean",
-                 "completions/mean_length": "completion_length/mean", "completions/max_length": "completion_length/max",
-                 "completions/clipped_ratio": "truncated_frac", "step_time": "step_time_s", "learning_rate": "lr"}
-
-
 def _metrics_record(logs: dict[str, Any], step: int) -> dict[str, Any]:
-    """One ``metrics.jsonl`` line from a TRL log dict (gtpo's metric names; ``eval_x`` -> ``eval/x``)."""
+    """One ``metrics.jsonl`` line from a TRL log dict: TRL's names as they are (gtpo's trainer writes the same ones,
+    :mod:`gtpo.metric_names`), ``eval_x`` -> ``eval/x`` as TRL's trackers show them."""
     record: dict[str, Any] = {"step": step}
     for key, value in logs.items():
-        if key.startswith("eval_"):
-            key = "eval/" + key[len("eval_"):]
-        elif key.startswith("rewards/"):  # rewards/<func>/mean -> reward/<func>/mean
-            key = "reward/" + key[len("rewards/"):]
-        record[_METRIC_NAMES.get(key, key)] = value
+        record["eval/" + key[len("eval_"):] if key.startswith("eval_") else key] = value
     return record
 
 
