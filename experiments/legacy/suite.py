@@ -109,6 +109,14 @@ class Claim:
 
 TRAIN_COLS = ("reward_first", "reward_last", "accuracy_last", "format_last", "entropy_start", "entropy_end",
               "entropy_max", "heldout_final")
+
+def _metrics_of(run_dir: str) -> list[dict]:
+    """metrics.jsonl of a run under the metric names this suite reads (gtpo's earlier ones; gtpo.metric_names)."""
+    from gtpo.metric_names import legacy_record
+    from gtpo.report import load_metrics
+
+    return [legacy_record(m) for m in load_metrics(run_dir)]
+
 def tiny_groups(methods: tuple[str, ...], figures: tuple[str, ...], columns: tuple[str, ...],
                 compare: tuple[str, ...], settings: tuple[str, ...] = ("mid", "stress")) -> tuple[Group, ...]:
     """The same comparison of tiny-model ``methods`` in each learning-rate setting ("normal": the
@@ -385,9 +393,7 @@ def execute(run: Run) -> None:
               "cpu_s": _cpu_seconds() - c0 + earlier.get("cpu_s", 0.0),
               "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     if stopped is not None:
-        from gtpo.report import load_metrics
-
-        steps = [m["step"] for m in load_metrics(run.dir) if "reward/mean" in m]
+        steps = [m["step"] for m in _metrics_of(run.dir) if "reward/mean" in m]
         record.update(status="stopped", message=stopped, last_step=max(steps, default=0))
         _write_json(os.path.join(run.dir, "suite_status.json"), record)
         print(f"[suite] {run.rel_dir} stopped itself: {stopped.splitlines()[0]}", flush=True)
@@ -551,8 +557,6 @@ def _last_frac(values, frac=0.1):
 
 def run_stats(run: Run) -> dict:
     """Scalar statistics of one run (None where it lacks the metric)."""
-    from gtpo.report import load_metrics
-
     out: dict = {}
     d = run.dir
     ev = _read_json(os.path.join(d, "eval.json"))
@@ -565,7 +569,7 @@ def run_stats(run: Run) -> dict:
                                 else (ev.get("greedy") or {}).get("eval/accuracy_greedy"))
     if run.kind != "train" or not os.path.isfile(os.path.join(d, "metrics.jsonl")):
         return out
-    recs = load_metrics(d)
+    recs = _metrics_of(d)
     by_step: dict[int, dict] = {}
     for r in recs:  # a resumed run re-logs steps: the last line wins
         by_step.setdefault(int(r.get("step", 0)), {}).update(r)
@@ -683,8 +687,6 @@ def mean_run_dir(model: str, steps: int, run_id: str, seed_runs: list[Run], step
     """A run directory whose metrics.jsonl is the per-step mean over seeds (for gtpo report);
     ``step0``: the greedy held-out accuracy of the starting model, drawn at step 0 (every run starts
     from that model and evaluates the same problems greedily)."""
-    from gtpo.report import load_metrics
-
     series: dict[int, dict[str, list[float]]] = {}
     used = 0
     for run in seed_runs:
@@ -692,7 +694,7 @@ def mean_run_dir(model: str, steps: int, run_id: str, seed_runs: list[Run], step
             continue
         used += 1
         by_step: dict[int, dict] = {}
-        for r in load_metrics(run.dir):
+        for r in _metrics_of(run.dir):
             by_step.setdefault(int(r.get("step", 0)), {}).update(r)
         for step, rec in by_step.items():
             for k, v in rec.items():
