@@ -110,12 +110,14 @@ class Claim:
 TRAIN_COLS = ("reward_first", "reward_last", "accuracy_last", "format_last", "entropy_start", "entropy_end",
               "entropy_max", "heldout_final")
 
+
 def _metrics_of(run_dir: str) -> list[dict]:
     """metrics.jsonl of a run under the metric names this suite reads (gtpo's earlier ones; gtpo.metric_names)."""
     from gtpo.metric_names import legacy_record
     from gtpo.report import load_metrics
 
     return [legacy_record(m) for m in load_metrics(run_dir)]
+
 
 def tiny_groups(methods: tuple[str, ...], figures: tuple[str, ...], columns: tuple[str, ...],
                 compare: tuple[str, ...], settings: tuple[str, ...] = ("mid", "stress")) -> tuple[Group, ...]:
