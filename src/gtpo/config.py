@@ -412,7 +412,7 @@ class GTPOConfig:
     )
     max_consecutive_skips: int = _f(
         5,
-        "Steps whose loss or gradient is NaN/inf are skipped (counted in skipped_steps); after this many "
+        "Steps whose loss or gradient is NaN/inf are skipped (counted in the metric gtpo/skipped_steps); after this many "
         "consecutive skips the run stops with an error, keeping the last good checkpoint.",
     )
 
