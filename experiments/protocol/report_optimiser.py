@@ -162,6 +162,14 @@ def verdict(res: dict) -> str:
         text += ((". On the same model" if res.get("same_as_b") else ". For scale (another model, descriptive)")
                  + f" with the protocol's AdamW (0.9, 0.999), clip 1.0 and a constant rate, replicate b's critical "
                  f"rates were GRPO {_fx(bg)} and official GTPO {_fx(bt)}")
+        main = res.get("main", [])
+        for f in sorted({o["lr"] for o in main} & set(blrs)):
+            def frac(outc, arm):
+                xs = [o["collapsed"] for o in outc if o["arm"] == arm and o["lr"] == f]
+                return f"{sum(xs)}/{len(xs)}"
+            text += (f"; at x{f:g}, the rate both grids share, GRPO collapsed on {frac(bo, 'grpo')} seeds with that "
+                     f"optimiser and {frac(main, REF)} with the released one, official GTPO on {frac(bo, 'gtpo_official')} "
+                     f"and {frac(main, ARM)} (the cosine schedule's mean rate is half its peak)")
         if crit_g[0] is not None and bg:
             text += (f": the released optimiser moves GRPO's critical rate by a factor {crit_g[0] / bg:.3g}"
                      + (" (a cosine schedule averages half the peak rate, and with β1 ≈ 1 the update is the running "

@@ -195,7 +195,7 @@ def claim7_first(c7_res: dict, tune_lrs: tuple[float, ...]) -> str:
     same = c7_res.get(("gtpo", "vs", "grpo@samelr", "pass@1"))
     weaker = same is not None and same["wilcoxon"]["p"] >= alpha
     text = (f"**Verdict (first design): a pass@1 gain at tuned rates, not attributed"
-            + (", and not shown at equal rates" if weaker else "") + ".** "
+            + (", and for the official preset not shown at equal rates" if weaker else "") + ".** "
             f"Official GTPO minus GRPO at their tuned rates: {100 * t['t']['mean']:+.2f} points of held-out pass@1 "
             f"(Wilcoxon p = {fmt_p(t['wilcoxon']['p'])}, below the Bonferroni threshold 0.05 / {n_cmp} = {alpha:.4f}); "
             f"pass@8 {100 * k8['t']['mean']:+.2f} (p = {fmt_p(k8['wilcoxon']['p'])}).")
@@ -205,7 +205,12 @@ def claim7_first(c7_res: dict, tune_lrs: tuple[float, ...]) -> str:
         ok = same["wilcoxon"]["p"] < alpha
         text += (f" At GTPO's rate ({chosen['gtpo']:g}) the official preset's gain over GRPO is "
                  f"{100 * same['t']['mean']:+.2f} (p = {fmt_p(same['wilcoxon']['p'])}), which "
-                 + ("survives" if ok else "does not survive") + " that threshold.")
+                 + ("survives" if ok else "does not survive") + " that threshold")
+        paper = c7_res.get(("gtpo_paper", "vs", "grpo@samelr", "pass@1"))
+        if paper:
+            text += (f"; the paper preset's, {100 * paper['t']['mean']:+.2f} (p = {fmt_p(paper['wilcoxon']['p'])}), "
+                     + ("survives it" if paper["wilcoxon"]["p"] < alpha else "does not"))
+        text += "."
     return text + "\n"
 
 
