@@ -107,3 +107,26 @@ def test_state_file_is_gtpos_own_and_older_checkpoints_still_resume(tiny_model_p
                                          r"of gtpo's trainer: resume it with the same engine \(engine: trl"):
         GTPOTrainer(tiny_model_path, [digits], ROWS,
                     args=cfg.replace(output_dir=str(tmp_path / "third"))).train(resume_from_checkpoint=ckpt)
+
+
+def test_resuming_a_finished_run_on_trls_engine_is_refused_too(tiny_model_path, tmp_path, capsys):
+    pytest.importorskip("trl")
+    import yaml
+
+    from gtpo.cli import main
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in
+                            [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(4)]))
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"model": tiny_model_path, "dataset": str(data), "reward_funcs": ["format"],
+                                   "engine": "trl", "output_dir": str(tmp_path / "out"), "group_size": 4,
+                                   "prompts_per_step": 1, "max_steps": 1, "max_completion_length": 4, "save_steps": 1,
+                                   "entropy_filter": False}))
+    assert main(["train", str(cfg)]) == 0
+    final = tmp_path / "out" / "model.safetensors"
+    before = digest(final)
+    assert main(["train", str(cfg), "--resume_from_checkpoint", "true", "--max_steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a finished run" in err and f"--resume_from_checkpoint {tmp_path / 'out' / 'checkpoint-1'}" in err
+    assert digest(final) == before

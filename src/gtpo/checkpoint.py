@@ -398,6 +398,23 @@ def final_model_file(output_dir: str) -> str | None:
     return None
 
 
+def refuse_resuming_a_finished_run(output_dir: str, newest: str | None) -> None:
+    """ValueError when ``output_dir`` holds a finished run (its final model): resuming it would train again from a
+    checkpoint and replace that model. The message gives the command that continues it into a new ``output_dir``
+    from ``newest`` (its newest checkpoint, of whichever engine; None: it saved none)."""
+    final = final_model_file(output_dir)
+    if final is None:
+        return
+    how = (f"resume into a new output_dir from its checkpoint: --output_dir <new dir> --resume_from_checkpoint "
+           f"{newest} (output_dir=..., resume_from_checkpoint={newest!r})" if newest else
+           "start a new run in another output_dir (this run saved no checkpoint)")
+    raise ValueError(
+        f"output_dir {output_dir!r} holds a finished run (its final model: {final}); resuming would train it again "
+        f"from a checkpoint and replace that model. To train it further, {how}; or set "
+        "overwrite_output_dir=True (--overwrite) to replace the final model"
+    )
+
+
 def completed_a_step(output_dir: str) -> bool:
     """Whether the run in ``output_dir`` completed a training step: it has a checkpoint (complete or not), a
     final model, ``summary.json``, or a ``metrics.jsonl`` line of a step >= 1 (a line of step 0, the probes
@@ -491,17 +508,8 @@ class RunDirectory:
         acc, out = self.acc, self.output_dir
         if os.path.exists(out) and not os.path.isdir(out):
             raise ValueError(f"output_dir {out!r} exists and is not a directory; choose another output_dir")
-        final = final_model_file(out)
-        if resuming and final is not None and not overwrite:
-            newest = latest_checkpoint(out)
-            how = (f"resume into a new output_dir from its checkpoint: --output_dir <new dir> --resume_from_checkpoint "
-                   f"{newest} (output_dir=..., resume_from_checkpoint={newest!r})" if newest else
-                   "start a new run in another output_dir (this run saved no checkpoint)")
-            raise ValueError(
-                f"output_dir {out!r} holds a finished run (its final model: {final}); resuming would train it again "
-                f"from a checkpoint and replace that model. To train it further, {how}; or set "
-                "overwrite_output_dir=True (--overwrite) to replace the final model"
-            )
+        if resuming and not overwrite:
+            refuse_resuming_a_finished_run(out, latest_checkpoint(out))
         existing = []
         if not resuming and os.path.isdir(out):
             existing = [n for n in os.listdir(out) if n in RUN_FILES or n.startswith("checkpoint-")]

@@ -88,6 +88,7 @@ def run_training(spec: dict[str, Any], *, source: str, argv: list[str] | None = 
     hooks = hooks or RunHooks()
     inputs = load_run_inputs(spec, source=source, options=options)
     if inputs.run["engine"] == "trl":
+        _refuse_resuming_a_finished_trl_run(inputs)
         from .trl_run import run_trl_training
 
         return run_trl_training(inputs, spec=spec, source=source, hooks=hooks)
@@ -156,6 +157,23 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
                   "skipped)", flush=True)
         finish_run(summary, inputs, trainer.unwrapped_model, tokenizer, before, engine=engine, hooks=hooks)
     return 0
+
+
+def _refuse_resuming_a_finished_trl_run(inputs: RunInputs) -> None:
+    """TRL's engine resumes a finished run as asked and then replaces its final model: refused as on gtpo's
+    trainer (:func:`gtpo.checkpoint.refuse_resuming_a_finished_run`), before any model is loaded."""
+    resume, config = inputs.run["resume_from_checkpoint"], inputs.config
+    asked = resume is True or (isinstance(resume, str) and resume.strip().lower() not in ("false", "no", "none", ""))
+    if not asked or config.overwrite_output_dir or not os.path.isdir(config.output_dir):
+        return
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from ..checkpoint import refuse_resuming_a_finished_run
+
+    try:
+        refuse_resuming_a_finished_run(config.output_dir, get_last_checkpoint(config.output_dir))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def sft_warmup(model_spec: str, train_ds, run: dict[str, Any], config: GTPOConfig) -> str:
