@@ -1,191 +1,559 @@
-"""The project's one short GPU check: our trainer in bf16 (and QLoRA) and GTPO on TRL's engine, on CUDA.
+"""The GPU check (issue 29 section 3): what users of 3B-8B models hit, on one GPU in about 5 minutes.
 
-Run it whenever a GPU is at hand (about 2-4 minutes on one H100/H200; nothing is downloaded: the
-models are random Llamas built here) and record what it prints in docs/performance.md with the
-date and the GPU::
+Nothing is downloaded there: the models are random-weight Qwen2.5-3B and Llama-3.1-8B, their
+architectures built in code (:data:`ARCHS`). Run it through ``scripts/gpu-check.sh`` (which prepares
+the wheels the GPU machine lacks and prints the one command that runs it); ``--cpu --quick`` runs the
+same code on tiny models of the same architectures (tests/test_gpu_contract.py, in CI).
 
-    python bench/gpu_check.py                 # on a CUDA machine
-    python bench/gpu_check.py --cpu --quick   # smoke run of the same code on CPU (tests/test_bench.py)
+(a) **correctness at real shapes**
 
-For each variant it runs ``--warmup`` + ``--steps`` optimisation steps of ``P`` prompts x ``G``
-completions of exactly ``T`` tokens (the bench model's generation config forces the length, as in
-bench/common.py) and prints the median step time, sampled tokens per second (P*G*T / step time)
-and the peak GPU memory of a step (``torch.cuda.max_memory_allocated``):
+* ``head``: the chunked log-prob/entropy head (:func:`gtpo.ops.token_logprobs_and_entropy`) against a
+  plain ``log_softmax`` of the full logits, bf16, Llama-3.1-8B's head (V = 128,256, D = 4,096): the
+  largest log-prob, entropy and gradient differences, time and peak memory of each, at the CPU's and
+  the accelerator's chunk sizes;
+* ``shared_prefix``: the update's forward with each group's prompt run once
+  (:func:`gtpo.policy.completion_hidden_states`) against the plain forward, left-padded prompts of
+  different lengths, SDPA, Qwen2.5-3B, float32 and bf16 log-probs;
+* ``decode``: gtpo's decoding loop against transformers ``generate``, greedy, float32 (TF32 off), the
+  share of rows whose tokens are identical, and both speeds;
+* ``qlora_grad``: a 4-bit NF4 base (Llama-3.1-8B widths, 2 layers) loaded by the trainer from a path
+  (``device_map`` of this process), LoRA on every linear layer: after two updates every adapter
+  tensor has moved (the gradient crossed every 4-bit layer);
+* ``dtypes``: the contract of docs/gpu.md on the trainers of (b): weights, trainable parameters,
+  optimizer state, the vLLM engine's dtype.
 
-* ``gtpo bf16``: ``GTPOTrainer``, GTPO loss, full fine-tuning, weights loaded in bfloat16
-  (``model_init_kwargs.dtype``), sampling with gtpo's decoding loop;
-* ``gtpo bf16 + LoRA``: the same with a LoRA adapter (r=16, all linear layers);
-* ``gtpo QLoRA 4-bit``: a 4-bit NF4 base (bitsandbytes) with the LoRA adapter (skipped without
-  bitsandbytes);
-* ``trl engine bf16``: ``gtpo.integrations.trl.TRLGTPOTrainer`` (TRL's ``GRPOTrainer`` with GTPO's
-  loss), bf16 (skipped without trl or the integration).
+(b) **steps**: two steps each of bf16 LoRA (Qwen2.5-3B), QLoRA (Llama-3.1-8B, 4-bit) and full
+fine-tuning (Qwen2.5-3B, float32 master weights, bf16 autocast) with gradient checkpointing, one
+prompt x G = 8 completions of exactly T = 512 tokens, as the paper configs; one more step of the full
+fine-tuning at T = 1500 for its peak memory. Sampled tokens/s, update time, peak memory.
 
-A JSON line with every number is printed last (and written to ``$OUT/gpu_check.json`` when the
-environment variable ``OUT`` names a directory, as on the project's lent GPU machines).
+(c) **trl_vs_ours**: one update on the same fixed batch (prompts, completions, rewards) through gtpo's
+trainer and through TRL's engine (:class:`gtpo.integrations.trl.TRLGTPOTrainer`), float32: the loss and
+the largest gradient difference (skipped where trl or datasets cannot be imported).
+
+Everything goes to ``$OUT/gpu_check.json`` (one JSON object) and a table; a part that raises is
+recorded under ``failures`` and the others still run. Record the numbers in docs/performance.md
+with the date and the GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import math
 import os
+import shutil
 import sys
+import tempfile
 import time
+import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+
+import torch  # noqa: E402
+
+#: The architectures of the paper's models (their configs on the Hub), built with random weights.
+ARCHS = {
+    "qwen2.5-3b": dict(model_type="qwen2", hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                       num_attention_heads=16, num_key_value_heads=2, vocab_size=151936, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=32768),
+    "llama3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
+                        rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=131072,
+                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+}
+#: --quick: the same architectures at toy sizes (the CPU smoke run).
+QUICK = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=1024)
+QUANT = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": "bfloat16",
+         "bnb_4bit_use_double_quant": True}
+LORA = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear", "task_type": "CAUSAL_LM"}
+PROMPTS = [f"What is {a} + {b}? Think step by step and give the answer." for a, b in [(12, 7), (45, 19), (3, 88)]]
 
 
-def _variants(args) -> list[dict]:
-    lora = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
-    quant = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": "bfloat16",
-             "bnb_4bit_use_double_quant": True}
-    return [
-        {"name": "gtpo bf16", "engine": "gtpo", "lora": None, "model_init_kwargs": {"dtype": "bfloat16"}},
-        {"name": "gtpo bf16 + LoRA", "engine": "gtpo", "lora": lora, "model_init_kwargs": {"dtype": "bfloat16"}},
-        {"name": "gtpo QLoRA 4-bit", "engine": "gtpo", "lora": lora,
-         "model_init_kwargs": {"dtype": "bfloat16", "quantization_config": quant}},
-        {"name": "trl engine bf16", "engine": "trl", "lora": None, "model_init_kwargs": {"dtype": "bfloat16"}},
-    ]
+# ----------------------------------------------------------------------------- helpers
+class Ctx:
+    """The run's settings: device, sizes (full or --quick), scratch directory, the tokenizer."""
+
+    def __init__(self, args):
+        from gtpo.testing import build_tiny_tokenizer
+
+        self.quick, self.device = args.quick, torch.device("cpu" if args.cpu else "cuda")
+        self.cuda = self.device.type == "cuda"
+        self.T = 8 if args.quick else args.length
+        self.T_long = 12 if args.quick else args.long_length
+        self.G = 4 if args.quick else 8
+        # models are saved and loaded again (the 4-bit bases: the trainer quantizes while loading): in memory
+        # (/dev/shm) where it has room for Llama-3.1-8B's 16 GB, else the disk
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > 40 * 2**30 else None
+        self.work = tempfile.mkdtemp(prefix="gtpo-gpu-check-", dir=shm if self.cuda else None)
+        self.tokenizer = build_tiny_tokenizer(vocab_size=512, eos_equals_pad=True, seed=0)
+
+    def arch(self, name: str, **changes) -> dict:
+        values = dict(ARCHS[name])
+        if self.quick:
+            values.update(QUICK)
+        values.update(changes)
+        return values
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def reset_peak(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+
+    def peak_gib(self) -> float | None:
+        return torch.cuda.max_memory_allocated() / 2**30 if self.cuda else None
+
+    def free(self):
+        gc.collect()
+        if self.cuda:
+            torch.cuda.empty_cache()
 
 
-def _skip_reason(variant: dict) -> str | None:
+def build_model(ctx: Ctx, arch: dict, *, dtype=torch.bfloat16, length: int | None = None, device=None):
+    """A random causal LM of ``arch`` (transformers' own initialisation) on ``device``, whose generation
+    config forces exactly ``length`` new tokens (every trainer samples the same number of tokens)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    values = dict(arch)
+    config = AutoConfig.for_model(values.pop("model_type"), **values, eos_token_id=ctx.tokenizer.eos_token_id,
+                                  pad_token_id=ctx.tokenizer.pad_token_id, bos_token_id=None)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(device or ctx.device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if length is not None:
+        model.generation_config = GenerationConfig(eos_token_id=ctx.tokenizer.eos_token_id,
+                                                   pad_token_id=ctx.tokenizer.pad_token_id,
+                                                   min_new_tokens=length, max_new_tokens=length)
+    return model
+
+
+def save_model(ctx: Ctx, model, name: str) -> str:
+    path = os.path.join(ctx.work, name)
+    model.save_pretrained(path)
+    ctx.tokenizer.save_pretrained(path)
+    return path
+
+
+def reward(completions, **kwargs):
+    """Share of digits, plus a little length: cheap, and it varies within a group."""
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) + 1e-3 * len(c) for c in completions]
+
+
+def max_abs(a, b) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+def timed(ctx: Ctx, fn):
+    ctx.reset_peak()
+    t0 = time.perf_counter()
+    out = fn()
+    ctx.sync()
+    return out, time.perf_counter() - t0, ctx.peak_gib()
+
+
+# ----------------------------------------------------------------------------- (a) correctness
+def check_head(ctx: Ctx) -> dict:
+    from gtpo.ops import default_chunk_rows, token_logprobs_and_entropy
+
+    V, D = (ctx.arch("llama3.1-8b")["vocab_size"], ctx.arch("llama3.1-8b")["hidden_size"])
+    rows = 64 if ctx.quick else 4096  # 8 completions x 512 tokens
+    g = torch.Generator(device=ctx.device).manual_seed(0)
+    hidden = (torch.randn(rows, D, generator=g, device=ctx.device) * 2).to(torch.bfloat16).requires_grad_(True)
+    weight = (torch.randn(V, D, generator=g, device=ctx.device) / math.sqrt(D)).to(torch.bfloat16).requires_grad_(True)
+    targets = torch.randint(0, V, (rows,), generator=g, device=ctx.device)
+    upstream = torch.randn(rows, generator=g, device=ctx.device)
+
+    def plain():
+        logp_all = torch.log_softmax((hidden @ weight.T).float(), dim=-1)
+        logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+        gh, gw = torch.autograd.grad((logp * upstream).sum(), (hidden, weight))
+        return logp.detach(), ent.detach(), gh, gw
+
+    def chunked(chunk):
+        logp, ent = token_logprobs_and_entropy(hidden, weight, targets, chunk_size=chunk)
+        gh, gw = torch.autograd.grad((logp * upstream).sum(), (hidden, weight))
+        return logp.detach(), ent.detach(), gh, gw
+
+    ref, t_plain, m_plain = timed(ctx, plain)
+    out = {"V": V, "D": D, "rows": rows, "plain_s": t_plain, "plain_peak_gib": m_plain}
+    ok = True
+    for label, device in (("cpu_chunk", "cpu"), ("default_chunk", ctx.device)):
+        chunk = default_chunk_rows(V, device)
+        got, t, m = timed(ctx, lambda: chunked(chunk))
+        diffs = {"logp": max_abs(got[0], ref[0]), "entropy": max_abs(got[1], ref[1]),
+                 "grad_hidden": max_abs(got[2], ref[2]) / max(float(ref[2].abs().max()), 1e-12),
+                 "grad_weight": max_abs(got[3], ref[3]) / max(float(ref[3].abs().max()), 1e-12)}
+        out[label] = {"chunk_rows": chunk, "s": t, "peak_gib": m, **diffs}
+        # bf16 matmul, fp32 softmax on both sides: only the summation order of the bf16 products differs
+        ok &= diffs["logp"] < 0.05 and diffs["entropy"] < 0.05 and diffs["grad_hidden"] < 0.02 \
+            and diffs["grad_weight"] < 0.02
+    out["ok"] = bool(ok)
+    return out
+
+
+def _batch(ctx: Ctx, model, n_prompts: int, completion: int, seed: int = 0):
+    """Left-padded prompts of different lengths (G rows each) followed by random completions."""
+    from gtpo.padding import left_pad
+
+    g = torch.Generator().manual_seed(seed)
+    V = model.config.vocab_size
+    prompts = [torch.randint(3, min(V, 500), (int(l),), generator=g).tolist() for l in (5 + 7 * torch.arange(n_prompts))]
+    rows = [p for p in prompts for _ in range(ctx.G)]
+    ids, mask = left_pad(rows, ctx.tokenizer.pad_token_id)
+    comp = torch.randint(3, V, (len(rows), completion), generator=g)
+    return (torch.cat([ids, comp], 1).to(ctx.device), torch.cat([mask, torch.ones_like(comp)], 1).to(ctx.device),
+            comp.to(ctx.device))
+
+
+def check_shared_prefix(ctx: Ctx) -> dict:
+    from gtpo.policy import completion_hidden_states
+    from gtpo.ops import token_logprobs_and_entropy
+
+    out, ok = {}, True
+    for dtype in (torch.float32, torch.bfloat16):
+        model = build_model(ctx, ctx.arch("qwen2.5-3b", **({} if ctx.quick else {"num_hidden_layers": 8})),
+                            dtype=dtype)
+        model.eval()
+        ids, mask, comp = _batch(ctx, model, 3, 16 if ctx.quick else 128)
+        head = model.get_output_embeddings().weight
+        res = {}
+        with torch.no_grad():
+            for share in (True, False):
+                h, t, m = timed(ctx, lambda: completion_hidden_states(model.get_decoder(), ids, mask, comp.shape[1],
+                                                                      share_prompts=share))
+                logp, _ = token_logprobs_and_entropy(h, head, comp)
+                res[share] = (logp, t, m)
+        diff = max_abs(res[True][0], res[False][0])
+        name = str(dtype).removeprefix("torch.")
+        out[name] = {"max_logp_diff": diff, "shared_s": res[True][1], "plain_s": res[False][1],
+                     "shared_peak_gib": res[True][2], "plain_peak_gib": res[False][2]}
+        ok &= diff < (1e-3 if dtype == torch.float32 else 0.15)
+        model = None
+        ctx.free()
+    out["ok"] = bool(ok)
+    return out
+
+
+def check_decode(ctx: Ctx) -> dict:
+    from gtpo.rollout import generate
+
+    if ctx.cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    model = build_model(ctx, ctx.arch("qwen2.5-3b"), dtype=torch.float32)
+    new = 8 if ctx.quick else 64
+    rows = {}
+    for loop in (True, False):
+        r, t, m = timed(ctx, lambda: generate(model, ctx.tokenizer, PROMPTS, num_samples=ctx.G // 2, max_new_tokens=new,
+                                              temperature=0.0, decode_loop=loop))
+        rows[loop] = (r.completion_ids, t)
+    a, b = rows[True][0], rows[False][0]
+    width = min(a.shape[1], b.shape[1])
+    same = (a[:, :width] == b[:, :width]).all(dim=1).float().mean().item()
+    n_tokens = a.shape[0] * new
+    out = {"rows": a.shape[0], "new_tokens": new, "identical_rows": same,
+           "decode_loop_tok_s": n_tokens / rows[True][1], "generate_tok_s": n_tokens / rows[False][1],
+           "ok": same >= 0.9}
+    model = None
+    ctx.free()
+    return out
+
+
+def _trainer(ctx: Ctx, model, *, out_dir: str, peft=None, T: int, **cfg):
+    from peft import LoraConfig
+
+    from gtpo import GTPOConfig, GTPOTrainer
+
+    args = GTPOConfig(output_dir=out_dir, overwrite_output_dir=True, group_size=ctx.G, prompts_per_step=1,
+                      max_steps=10, max_completion_length=T, max_prompt_length=64, learning_rate=1e-6,
+                      lr_scheduler_type="constant", save_steps=0, log_completions_steps=0, disable_tqdm=True,
+                      seed=0, entropy_threshold=100.0, **cfg)
+    return GTPOTrainer(model, reward, [{"prompt": p} for p in PROMPTS], args=args, processing_class=ctx.tokenizer,
+                       peft_config=None if peft is None else LoraConfig(**peft))
+
+
+def check_qlora_grad(ctx: Ctx) -> dict:
     import importlib.util
 
-    if "quantization_config" in variant["model_init_kwargs"] and importlib.util.find_spec("bitsandbytes") is None:
-        return "bitsandbytes is not installed"
-    if variant["engine"] == "trl":
-        if importlib.util.find_spec("trl") is None:
-            return "trl is not installed"
-        try:
-            import gtpo.integrations.trl  # noqa: F401
-        except ImportError as err:
-            return f"gtpo.integrations.trl is not available ({err})"
-    return None
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return {"skipped": "bitsandbytes is not installed", "ok": True}
+    model = build_model(ctx, ctx.arch("llama3.1-8b", num_hidden_layers=2, vocab_size=32000 if not ctx.quick else 1024),
+                        dtype=torch.bfloat16, length=8, device="cpu")
+    path = save_model(ctx, model, "qlora-grad")
+    del model
+    trainer = _trainer(ctx, path, out_dir=os.path.join(ctx.work, "qlora-grad-run"), peft=LORA, T=8,
+                       model_init_kwargs={"dtype": "bfloat16", "quantization_config": QUANT})
+    model = trainer.unwrapped_model
+    kinds = {type(m).__name__ for m in model.modules()}
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    trainer.step()  # LoRA's B starts at 0: the first update moves B only, the second A as well
+    trainer.step()
+    frozen = [n for n, p in model.named_parameters() if n in before and torch.equal(before[n], p)]
+    devices = sorted({str(p.device) for p in model.parameters()})
+    dev = trainer.accelerator.device
+    want = str(torch.device("cuda", torch.cuda.current_device()) if dev.type == "cuda" and dev.index is None else dev)
+    out = {"adapters": len(before), "unchanged": frozen[:5], "n_unchanged": len(frozen), "devices": devices,
+           "process_device": want, "linear4bit": "Linear4bit" in kinds,
+           "ok": not frozen and "Linear4bit" in kinds and devices == [want]}
+    del trainer, model
+    ctx.free()
+    return out
 
 
-def _run_variant(path: str, variant: dict, spec: dict, out_dir: str, device: str) -> dict:
-    import torch
+def _dtypes(trainer) -> dict:
+    model = trainer.unwrapped_model
+    name = lambda d: str(d).removeprefix("torch.")  # noqa: E731
+    opt = trainer.optimizer.optimizer
+    state = {name(v.dtype) for s in opt.state.values() for k, v in s.items() if k in ("exp_avg", "exp_avg_sq")}
+    return {"compute": name(trainer.precision.compute),
+            "frozen": sorted({name(p.dtype) for p in model.parameters() if not p.requires_grad}),
+            "trainable": sorted({name(p.dtype) for p in model.parameters() if p.requires_grad}),
+            "adam_state": sorted(state), "vllm": trainer.vllm_engine_kwargs()["dtype"],
+            "optimizer": type(opt).__name__}
 
-    cuda = device == "cuda"
-    rows = common.dataset_rows(spec)
-    if variant["engine"] == "gtpo":
-        from peft import LoraConfig
 
-        from gtpo import GTPOConfig, GTPOTrainer
+# ----------------------------------------------------------------------------- (b) steps
+def _metric(metrics: dict, *names: str) -> float:
+    """The first of ``names`` the step's metrics hold (the trainer's metric names: TRL's and gtpo/)."""
+    return next(metrics[n] for n in names if n in metrics)
 
-        cfg = GTPOConfig(
-            output_dir=out_dir, overwrite_output_dir=True, group_size=spec["G"], prompts_per_step=spec["P"],
-            max_steps=10**6, max_completion_length=spec["length"], learning_rate=1e-5, lr_scheduler_type="constant",
-            save_steps=0, log_completions_steps=0, disable_tqdm=True, seed=0, entropy_threshold=100.0,
-            model_init_kwargs=variant["model_init_kwargs"],
-        )
-        peft = None if variant["lora"] is None else LoraConfig(task_type="CAUSAL_LM", **variant["lora"])
-        trainer = GTPOTrainer(path, common.bench_reward, rows, args=cfg, peft_config=peft)
-        step = trainer.step
+
+def run_steps(ctx: Ctx, name: str, *, arch: str, peft, quantized: bool, steps: int, T: int, **cfg) -> dict:
+    import importlib.util
+
+    if quantized and importlib.util.find_spec("bitsandbytes") is None:
+        return {"skipped": "bitsandbytes is not installed"}
+    if quantized:  # the trainer loads it from a path, as a user's run does (4-bit on this process's device)
+        model = build_model(ctx, ctx.arch(arch), dtype=torch.bfloat16, length=T, device="cpu" if ctx.quick else None)
+        source = save_model(ctx, model, name.replace(" ", "-"))
+        del model
+        ctx.free()
+        cfg["model_init_kwargs"] = {"dtype": "bfloat16", "quantization_config": QUANT}
     else:
-        from gtpo.integrations.trl import TRLGTPOConfig, TRLGTPOTrainer
-
-        # TRL's batch for P prompts x G completions per step (bench/common.py), GTPO's loss, bf16 weights
-        trainer = common.trl_trainer(
-            path, spec, out_dir, spec["warmup"] + spec["steps"], config_cls=TRLGTPOConfig, trainer_cls=TRLGTPOTrainer,
-            loss_type="gtpo", scale_rewards="none", use_cpu=not cuda, bf16=cuda, entropy_threshold=100.0,
-            model_init_kwargs={"dtype": "bfloat16"},
-        )
-        times: list[float] = []
-        from transformers import TrainerCallback
-
-        class Timer(TrainerCallback):
-            def on_step_begin(self, *a, **k):
-                if cuda:
-                    torch.cuda.synchronize()
-                    if len(times) == spec["warmup"]:
-                        torch.cuda.reset_peak_memory_stats()
-                self.t0 = time.perf_counter()
-
-            def on_step_end(self, *a, **k):
-                if cuda:
-                    torch.cuda.synchronize()
-                times.append(time.perf_counter() - self.t0)
-
-        trainer.add_callback(Timer())
-        trainer.train()
-        measured = times[spec["warmup"]:]
-        peak = torch.cuda.max_memory_allocated() if cuda else 0
-        return {"step_s": common.median(measured), "peak_bytes": peak, "steps": len(measured)}
-    measured = []
-    for i in range(spec["warmup"] + spec["steps"]):
-        if cuda:
-            torch.cuda.synchronize()
-            if i == spec["warmup"]:
-                torch.cuda.reset_peak_memory_stats()
+        source = build_model(ctx, ctx.arch(arch), dtype=torch.bfloat16 if peft else torch.float32, length=T)
+        cfg["dtype"] = "bfloat16"
+    ctx.reset_peak()
+    trainer = _trainer(ctx, source, out_dir=os.path.join(ctx.work, name.replace(" ", "-") + "-run"), peft=peft, T=T,
+                       gradient_checkpointing=True, **cfg)
+    load_peak = ctx.peak_gib()
+    records = []
+    for _ in range(steps):
+        ctx.reset_peak()
         t0 = time.perf_counter()
-        step()
-        if cuda:
-            torch.cuda.synchronize()
-        if i >= spec["warmup"]:
-            measured.append(time.perf_counter() - t0)
-    peak = torch.cuda.max_memory_allocated() if cuda else 0
-    return {"step_s": common.median(measured), "peak_bytes": peak, "steps": len(measured)}
+        metrics = trainer.step()
+        ctx.sync()
+        wall = time.perf_counter() - t0
+        gen = _metric(metrics, "gtpo/generation_time", "generation_time_s")
+        records.append({"step_s": wall, "generation_s": gen,
+                        "update_s": _metric(metrics, "gtpo/update_time", "update_time_s"),
+                        "sampled_tokens_per_s": ctx.G * T / gen, "peak_gib": ctx.peak_gib(),
+                        "loss": metrics["loss"], "grad_norm": metrics["grad_norm"]})
+    last = records[-1]
+    out = {"arch": arch, "T": T, "G": ctx.G, "steps": records, "load_peak_gib": load_peak,
+           "tokens_per_s": last["sampled_tokens_per_s"], "update_s": last["update_s"], "peak_gib": last["peak_gib"],
+           "dtypes": _dtypes(trainer),
+           "params_b": sum(p.numel() for p in trainer.unwrapped_model.parameters()) / 1e9}
+    del trainer
+    ctx.free()
+    return out
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu", action="store_true", help="run on CPU (a smoke test of this script)")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes and 1 + 1 steps (smoke test)")
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--length", type=int, default=256)
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=32000)
-    args = parser.parse_args(argv)
-
-    import torch
-
-    device = "cpu" if args.cpu else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        print("gpu_check: no CUDA device here; run it on a GPU machine (or --cpu for a smoke run)")
-        return 2
-    if args.quick:
-        args.steps, args.warmup, args.prompts, args.group, args.length = 1, 1, 2, 4, 8
-        args.hidden, args.layers, args.vocab = 64, 2, 512
-    spec = {"P": args.prompts, "G": args.group, "length": args.length, "steps": args.steps, "warmup": args.warmup,
-            "hidden": args.hidden, "layers": args.layers, "vocab": args.vocab, "threads": os.cpu_count() or 1}
-    work = common.scratch_dir()
-    path = common.build_bench_model(os.path.join(work, "model"), hidden_size=args.hidden, num_layers=args.layers,
-                                    num_heads=max(4, args.hidden // 128), vocab_size=args.vocab,
-                                    completion_length=args.length)
-    where = torch.cuda.get_device_name(0) if device == "cuda" else common.machine()
-    print(f"gpu_check on {where}; torch {torch.__version__}; model: Llama {common.n_params(path) / 1e6:.1f} M "
-          f"parameters (hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}); P={args.prompts} x "
-          f"G={args.group} x T={args.length}; {args.warmup} warm-up + {args.steps} measured steps")
-    results = {}
-    rows = []
-    for variant in _variants(args):
-        reason = _skip_reason(variant)
-        if reason:
-            results[variant["name"]] = {"skipped": reason}
-            rows.append([variant["name"], "skipped: " + reason, "", ""])
+def dtype_contract(steps: dict) -> dict:
+    """Section 2's table on the trainers of (b)."""
+    want = {"bf16 LoRA": {"compute": "bfloat16", "frozen": ["bfloat16"], "trainable": ["float32"],
+                          "adam_state": ["float32"], "vllm": "bfloat16"},
+            "QLoRA": {"compute": "bfloat16", "trainable": ["float32"], "vllm": "bfloat16"},
+            "full fine-tuning": {"compute": "bfloat16", "frozen": [], "trainable": ["float32"],
+                                 "adam_state": ["float32"], "vllm": "bfloat16"}}
+    out, ok = {}, True
+    for name, expected in want.items():
+        got = steps.get(name, {}).get("dtypes")
+        if got is None:
             continue
-        res = _run_variant(path, variant, spec, os.path.join(work, variant["name"].replace(" ", "_")), device)
-        tokens = args.prompts * args.group * args.length
-        res["tokens_per_s"] = tokens / res["step_s"]
-        results[variant["name"]] = res
-        rows.append([variant["name"], f"{res['step_s']:.3f}", f"{res['tokens_per_s']:.0f}",
-                     f"{res['peak_bytes'] / 2**30:.2f}" if device == "cuda" else "-"])
-        if device == "cuda":
-            torch.cuda.empty_cache()
-    print(common.table(["variant", "median step s", "sampled tokens/s", "peak GiB"], rows))
-    line = json.dumps({"device": where, "spec": spec, "results": results})
-    print(line)
+        bad = {k: got.get(k) for k, v in expected.items() if got.get(k) != v}
+        if name == "QLoRA" and set(got["frozen"]) - {"bfloat16", "uint8"}:
+            bad["frozen"] = got["frozen"]
+        out[name] = {"got": got, "mismatch": bad}
+        ok &= not bad
+    out["ok"] = bool(ok) if out else None  # None: no step ran (--only)
+    return out
+
+
+# ----------------------------------------------------------------------------- (c) TRL's engine vs ours
+def trl_vs_ours(ctx: Ctx) -> dict:
+    try:
+        from datasets import Dataset
+
+        from gtpo.integrations.trl import TRLGTPOConfig, TRLGTPOTrainer
+    except ImportError as err:
+        return {"skipped": f"{type(err).__name__}: {err}", "ok": True}
+
+    from gtpo import GTPOConfig, GTPOTrainer
+    from gtpo.advantages import group_advantages
+    from gtpo.padding import completion_mask_from_ids, left_pad
+    from gtpo.rollout import Rollout
+
+    if ctx.cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    G, P, eos = 4, 2, ctx.tokenizer.eos_token_id
+    model = build_model(ctx, ctx.arch("qwen2.5-3b", **({} if ctx.quick else {"num_hidden_layers": 4})),
+                        dtype=torch.float32, device="cpu")
+    path = save_model(ctx, model, "trl-vs-ours")
+    del model
+    g = torch.Generator().manual_seed(1)
+    prompt_ids = {"p0": [30, 31, 32, 33], "p1": [40, 41]}
+    shared = torch.randint(3, 500, (3,), generator=g).tolist()
+    C = [shared + torch.randint(3, 500, (int(n),), generator=g).tolist() + [eos] for n in (4, 7, 2, 9, 5, 3, 8, 6)]
+    R = [2.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 3.0]
+    row = {tuple(c): i for i, c in enumerate(C)}
+    fields = dict(group_size=G, prompts_per_step=P, micro_batch_size=2, max_grad_norm=0.0, entropy_threshold=100.0,
+                  learning_rate=1e-6, disable_tqdm=True, log_completions_steps=0, save_steps=0, seed=0)
+
+    def fixed_reward(completion_ids, **kwargs):
+        return [R[row[tuple(c)]] for c in completion_ids]
+
+    ours = GTPOTrainer(path, fixed_reward, [{"prompt": "p0"}, {"prompt": "p1"}],
+                       args=GTPOConfig(output_dir=os.path.join(ctx.work, "ours"), **fields))
+    prompts, p_mask = left_pad([prompt_ids[f"p{i // G}"] for i in range(P * G)], eos)
+    T = max(len(c) for c in C)
+    comp = torch.tensor([c + [eos] * (T - len(c)) for c in C])
+    c_mask, truncated = completion_mask_from_ids(comp, [eos])
+    rollout = Rollout(prompts, p_mask, comp, c_mask, truncated, [""] * len(C))
+    adv = group_advantages(torch.tensor(R), G, scale=ours.args.resolved_scale_rewards)
+    captured = {}
+    ours.optimizer.step = lambda *a, **k: captured.update(
+        {n: p.grad.detach().float().cpu().clone() for n, p in ours.unwrapped_model.named_parameters()
+         if p.grad is not None})
+    result = ours.update(rollout, adv, ours.gtpo_inputs(rollout, adv))
+
+    def fixed_rollout(prompts_, trainer):
+        n = len(prompts_)
+        return {"prompt_ids": [prompt_ids[p] for p in prompts_],
+                "completion_ids": [list(C[i]) for i in range(n)], "logprobs": None}
+
+    args = TRLGTPOConfig(output_dir=os.path.join(ctx.work, "trl"), use_cpu=not ctx.cuda, report_to="none", bf16=False,
+                         save_strategy="no", disable_tqdm=True, seed=0, per_device_train_batch_size=2,
+                         gradient_accumulation_steps=4, steps_per_generation=4, num_generations=G,
+                         max_completion_length=T, entropy_threshold=100.0, learning_rate=1e-6)
+    trl = TRLGTPOTrainer(model=path, reward_funcs=fixed_reward, args=args, processing_class=ctx.tokenizer,
+                         train_dataset=Dataset.from_dict({"prompt": ["p0", "p1"] * 4}), rollout_func=fixed_rollout)
+    model = trl.model
+    model.train()
+    trl.current_gradient_accumulation_steps = 4
+    model.zero_grad(set_to_none=True)
+    total = 0.0
+    for k in range(4):
+        trl._step = k
+        batch = trl._prepare_inputs([{"prompt": f"p{i // G}"} for i in range(P * G)])
+        loss = trl.compute_loss(model, batch)
+        loss.backward()
+        total += float(loss)
+    grads = {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
+    diff = max(float((grads[n] - captured[n]).abs().max()) for n in grads)
+    scale = max(1.0, max(float(v.abs().max()) for v in captured.values()))
+    out = {"loss_ours": float(result.loss), "loss_trl": total, "max_grad_diff": diff, "grad_scale": scale,
+           "same_params": set(grads) == set(captured),
+           "ok": set(grads) == set(captured) and abs(total - float(result.loss)) < 1e-4 and diff < 1e-4 * scale}
+    ours = trl = model = None
+    ctx.free()
+    return out
+
+
+# ----------------------------------------------------------------------------- main
+def write_result(result: dict) -> str:
+    """``result`` as one JSON line, written to ``$OUT/gpu_check.json`` when ``OUT`` names a directory."""
+    line = json.dumps(result, default=str)
     out = os.environ.get("OUT")
     if out and os.path.isdir(out):
         with open(os.path.join(out, "gpu_check.json"), "w") as fh:
             fh.write(line + "\n")
-    return 0
+    return line
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu", action="store_true", help="run on CPU (the smoke run of this script)")
+    parser.add_argument("--quick", action="store_true", help="tiny models of the same architectures, 1 step each")
+    parser.add_argument("--length", type=int, default=512, help="completion tokens of the steps (T)")
+    parser.add_argument("--long-length", type=int, default=1500, help="T of the peak-memory step")
+    parser.add_argument("--only", default=None, help="comma-separated parts to run (head, shared_prefix, decode, "
+                        "qlora_grad, steps, long, trl)")
+    args = parser.parse_args(argv)
+    if not args.cpu and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here; run it on a GPU machine (scripts/gpu-check.sh) or with --cpu --quick")
+        return 2
+    if args.cpu:
+        torch.set_num_threads(min(2, os.cpu_count() or 1))
+    ctx = Ctx(args)
+    only = None if args.only is None else set(args.only.split(","))
+    started = time.perf_counter()
+    where = torch.cuda.get_device_name(0) if ctx.cuda else "CPU"
+    import transformers
+
+    result = {"date": time.strftime("%Y-%m-%d"), "device": where, "torch": torch.__version__,
+              "cuda": torch.version.cuda, "transformers": transformers.__version__, "quick": ctx.quick,
+              "T": ctx.T, "G": ctx.G, "correctness": {}, "steps": {}, "trl_vs_ours": {}, "failures": {}}
+    print(f"gpu_check on {where}: torch {torch.__version__} (CUDA {torch.version.cuda}), transformers "
+          f"{transformers.__version__}; {'toy sizes' if ctx.quick else 'Qwen2.5-3B / Llama-3.1-8B architectures'}",
+          flush=True)
+
+    steps = 1 if ctx.quick else 2
+    plan = [  # (part, group of --only, function, where its result goes)
+        ("head", "head", lambda: check_head(ctx), result["correctness"]),
+        ("shared_prefix", "shared_prefix", lambda: check_shared_prefix(ctx), result["correctness"]),
+        ("decode", "decode", lambda: check_decode(ctx), result["correctness"]),
+        ("qlora_grad", "qlora_grad", lambda: check_qlora_grad(ctx), result["correctness"]),
+        ("bf16 LoRA", "steps", lambda: run_steps(ctx, "bf16 LoRA", arch="qwen2.5-3b", peft=LORA, quantized=False,
+                                                 steps=steps, T=ctx.T), result["steps"]),
+        ("QLoRA", "steps", lambda: run_steps(ctx, "QLoRA", arch="llama3.1-8b", peft=LORA, quantized=True, steps=steps,
+                                             T=ctx.T, optim="paged_adamw_8bit"), result["steps"]),
+        ("full fine-tuning", "steps", lambda: run_steps(ctx, "full fine-tuning", arch="qwen2.5-3b", peft=None,
+                                                        quantized=False, steps=steps, T=ctx.T), result["steps"]),
+        ("full fine-tuning T long", "long", lambda: run_steps(ctx, "full fine-tuning T long", arch="qwen2.5-3b",
+                                                              peft=None, quantized=False, steps=1, T=ctx.T_long),
+         result["steps"]),
+        ("trl_vs_ours", "trl", lambda: trl_vs_ours(ctx), result),
+    ]
+    for key, group, fn, bucket in plan:
+        if only is not None and group not in only:
+            continue
+        t0 = time.perf_counter()
+        try:
+            bucket[key] = fn()
+        except Exception as err:  # noqa: BLE001 -- recorded; the other parts still run
+            result["failures"][key] = f"{type(err).__name__}: {err}"
+            traceback.print_exc()
+            ctx.free()
+        print(f"[{time.perf_counter() - started:6.1f} s] {key} ({time.perf_counter() - t0:.1f} s): "
+              f"{json.dumps(bucket.get(key), default=str)[:800]}", flush=True)
+        result["wall_s"] = time.perf_counter() - started
+        write_result(result)  # after every part: a run stopped at its time limit keeps what it measured
+    result["correctness"]["dtypes"] = dtype_contract(result["steps"])
+    result["wall_s"] = time.perf_counter() - started
+
+    rows = [(k, v) for k, v in result["steps"].items() if "steps" in v]
+    print(f"\n{'variant':26} {'params B':>8} {'T':>5} {'sampled tok/s':>13} {'update s':>9} {'peak GiB':>9}")
+    for name, v in rows:
+        peak = "-" if v["peak_gib"] is None else f"{v['peak_gib']:.1f}"
+        print(f"{name:26} {v['params_b']:8.2f} {v['T']:5d} {v['tokens_per_s']:13.0f} {v['update_s']:9.2f} {peak:>9}")
+    checks = {**{k: v.get("ok") for k, v in result["correctness"].items()}, "trl_vs_ours": result["trl_vs_ours"].get("ok")}
+    print("checks:", ", ".join(f"{k} {'ok' if v else 'FAILED' if v is not None else '-'}" for k, v in checks.items()))
+    if result["failures"]:
+        print("failures:", json.dumps(result["failures"]))
+    print(write_result(result))
+    return 0 if not result["failures"] and all(v is not False for v in checks.values()) else 1
 
 
 if __name__ == "__main__":

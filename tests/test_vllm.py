@@ -398,6 +398,7 @@ class FakeEngine:
         self.logprobs_mode = settings.get("logprobs_mode", "processed_logprobs")
         self.offset = 0.0
         self.syncs = 0
+        self.asleep = False  # VLLMEngine's sleep state (vllm_enable_sleep_mode; never on CPU)
         self.calls: list[dict] = []
         self.closed = False
         self.last_sync_s = 0.0
@@ -464,7 +465,8 @@ def test_trainer_samples_through_the_engine_and_syncs_once_per_step(tiny_model_p
     assert {c["temperature"] for c in engine.calls} == {0.8} and all(c["logprobs"] for c in engine.calls)
     assert engine.calls[0]["eos_ids"] == trainer.eos_ids
     s = engine.settings
-    assert s["max_model_len"] == cfg.max_prompt_length + cfg.max_completion_length and s["dtype"] == "auto"
+    assert s["max_model_len"] == cfg.max_prompt_length + cfg.max_completion_length
+    assert s["dtype"] == "float32"  # vllm_dtype auto: the run's dtype (float32 here), not the embeddings' (issue 29)
     assert s["logprobs_mode"] == "processed_logprobs" and s["max_num_seqs"] == 64 and s["seed"] == cfg.seed
     lines = _metrics(cfg.output_dir)
     for line in lines:  # the fake's log-probs are the policy's own: no gap, weights 1

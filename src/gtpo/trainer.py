@@ -32,9 +32,7 @@ GRPO/Dr.GRPO/DAPO load one only when ``beta > 0`` (with LoRA the adapter is disa
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
-import math
 import os
 import signal
 import threading
@@ -219,22 +217,23 @@ class GTPOTrainer:
                  eval_reward_func: Callable | None = None, probe_texts: dict[str, tuple[str, str]] | None = None):
         from accelerate import Accelerator
         from accelerate.utils import set_seed
-        from transformers import get_scheduler
 
-        from .models import keep_4bit_weights_trainable, load_model, load_tokenizer
+        from . import setup
         from .rewards import resolve_reward
 
         self.args = args = args if args is not None else GTPOConfig()
         if not isinstance(args, GTPOConfig):
             raise ValueError(f"args must be a GTPOConfig, got {type(args).__name__}")
         args.validate()
+        if args.use_vllm and args.vllm_enable_sleep_mode and cpu_only():
+            raise ValueError("GTPOConfig.vllm_enable_sleep_mode: vLLM has no sleep mode on CPU; set it to false")
         if args.use_vllm:
             from .vllm_engine import require_vllm
 
             require_vllm("GTPOConfig.use_vllm")
         check_trackers(args.report_to, where="GTPOConfig.report_to")  # a missing tracker would log nothing
-        self.accelerator = acc = Accelerator(mixed_precision="bf16" if args.bf16 else "no",
-                                             log_with=list(args.report_to) or None, project_dir=args.output_dir,
+        # bf16 autocast is the policy's own (PolicyForward, sampling): accelerate's mixed precision stays off
+        self.accelerator = acc = Accelerator(log_with=list(args.report_to) or None, project_dir=args.output_dir,
                                              cpu=cpu_only())
         if args.prompts_per_step % acc.num_processes:
             raise ValueError(
@@ -246,41 +245,18 @@ class GTPOTrainer:
         set_seed(args.seed, device_specific=True)
         self.run_dir = RunDirectory(args.output_dir, acc)
 
-        # model and tokenizer
+        # model and tokenizer (gtpo.setup; the dtypes and devices of docs/gpu.md)
         self.model_name = model if isinstance(model, str) else \
             getattr(getattr(model, "config", None), "_name_or_path", type(model).__name__)
-        if processing_class is None:
-            source = model if isinstance(model, str) else getattr(model.config, "_name_or_path", None)
-            if not source:
-                raise ValueError("processing_class (the tokenizer) is required when model is an object without a path")
-            processing_class = load_tokenizer(source)
-        self.tokenizer = tok = processing_class
-        if tok.pad_token is None:
-            if tok.eos_token is None:
-                raise ValueError("the tokenizer has neither a pad token nor an EOS token; set tokenizer.pad_token")
-            logger.warning("the tokenizer has no pad token: using its EOS token %r as pad", tok.eos_token)
-            tok.pad_token = tok.eos_token
-        tok.padding_side = "left"
-        base_model = load_model(model, **(args.model_init_kwargs or {})) if isinstance(model, str) \
-            else self._check_model(model)
-        if getattr(base_model, "is_quantized", False):  # QLoRA: a 4-bit/8-bit base trains through an adapter
-            if peft_config is None:
-                raise ValueError("the model's base is quantized (model_init_kwargs.quantization_config): only an "
-                                 "adapter can be trained on it; give a peft config (peft: {r: ...} in the YAML)")
-            from peft import prepare_model_for_kbit_training
-
-            base_model = prepare_model_for_kbit_training(base_model, use_gradient_checkpointing=False)
-            keep_4bit_weights_trainable(base_model)
-        if args.gradient_checkpointing:
-            base_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if peft_config is not None and hasattr(base_model, "enable_input_require_grads"):
-                base_model.enable_input_require_grads()
-        ref_model = copy.deepcopy(base_model).eval().requires_grad_(False) if args.beta > 0 and not peft_config else None
-        if peft_config is not None:
-            from peft import get_peft_model
-
-            base_model = get_peft_model(base_model, peft_config)
+        self.tokenizer = setup.prepare_tokenizer(processing_class, model)
         self.is_peft = peft_config is not None
+        self.precision = setup.precision_for(setup.resolve_dtype(setup.requested_dtype(args, model), acc.device),
+                                             adapter=self.is_peft)
+        base_model = setup.load_policy_model(model, args, peft_config=peft_config, precision=self.precision,
+                                             device=acc.device)
+        ref_model = setup.build_reference_model(base_model, args, adapter=self.is_peft, precision=self.precision)
+        if self.is_peft:
+            base_model = setup.add_adapter(base_model, peft_config, self.precision)
 
         # rewards and data
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
@@ -292,28 +268,16 @@ class GTPOTrainer:
         self.probe_texts = probe_texts or {}
         self.sampler = PromptSampler(len(self.train_dataset), args.seed)
 
-        # optimisation: fused AdamW (one kernel over all parameters; transformers' "adamw_torch_fused")
-        self.policy = PolicyForward(base_model, chunk_size=args.logprob_chunk_size)
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        if not params:
-            raise ValueError("the model has no trainable parameters")
-        fused = acc.device.type in ("cpu", "cuda") and all(p.dtype.is_floating_point for p in params)
-        self.optimizer = torch.optim.AdamW(
-            [{"params": [p for p in params if p.ndim >= 2], "weight_decay": args.weight_decay},
-             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
-            lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
-            fused=True if fused else None,
-        )
-        try:
-            self.scheduler = get_scheduler(args.lr_scheduler_type, self.optimizer,
-                                           num_warmup_steps=int(math.ceil(args.warmup_ratio * args.max_steps)),
-                                           num_training_steps=args.max_steps)
-        except (ValueError, TypeError, KeyError) as err:
-            raise ValueError(f"GTPOConfig.lr_scheduler_type={args.lr_scheduler_type!r} cannot be used: {err}") from err
+        # optimisation (gtpo.setup: optim, lr_scheduler_type)
+        self.policy = PolicyForward(base_model, chunk_size=args.logprob_chunk_size, compute_dtype=self.precision.compute)
+        self.optimizer = setup.build_optimizer([p for p in self.policy.parameters() if p.requires_grad], args,
+                                               acc.device)
+        self.scheduler = setup.build_scheduler(self.optimizer, args)
         self.policy, self.optimizer = acc.prepare(self.policy, self.optimizer)
         self.ref_policy = None
         if ref_model is not None:
-            self.ref_policy = PolicyForward(ref_model.to(acc.device), chunk_size=args.logprob_chunk_size)
+            self.ref_policy = PolicyForward(ref_model.to(acc.device), chunk_size=args.logprob_chunk_size,
+                                            compute_dtype=self.precision.compute)
         self.loss_fn = POLICY_LOSSES[args.loss_type]
         self.eos_ids = eos_token_ids(self.tokenizer, self.unwrapped_model)
 
@@ -343,37 +307,40 @@ class GTPOTrainer:
     def unwrapped_model(self) -> nn.Module:
         return self.accelerator.unwrap_model(self.policy).model
 
-    @staticmethod
-    def _check_model(model) -> nn.Module:
-        from transformers import PreTrainedModel
-
-        if not isinstance(model, PreTrainedModel):
-            raise ValueError(f"model must be a hub id, a local path or a transformers PreTrainedModel, got "
-                             f"{type(model).__name__}")
-        return model
-
     # ================================================================== vLLM
+    def vllm_engine_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments :meth:`vllm_engine` starts the engine with
+        (:meth:`gtpo.vllm_engine.VLLMEngine.from_model`): ``dtype`` is ``vllm_dtype``, or with 'auto' the
+        run's compute dtype (:func:`gtpo.setup.vllm_dtype_name`)."""
+        from .setup import vllm_dtype_name
+
+        a = self.args
+        return dict(max_model_len=a.resolved_vllm_max_model_length, dtype=vllm_dtype_name(a.vllm_dtype, self.precision),
+                    gpu_memory_utilization=a.vllm_gpu_memory_utilization,
+                    kv_cache_memory_bytes=a.vllm_kv_cache_memory_bytes,
+                    max_num_seqs=max(self.local_prompts * a.group_size, 64), enforce_eager=a.vllm_enforce_eager,
+                    seed=a.seed + self.accelerator.process_index,
+                    logprobs_mode=a.vllm_logprobs_mode or "processed_logprobs",
+                    enable_sleep_mode=a.vllm_enable_sleep_mode)
+
     @property
     def vllm_engine(self):
         """The colocated :class:`gtpo.vllm_engine.VLLMEngine` (``use_vllm``), started on first use from the
-        policy's current weights and synced with them (:meth:`sync_vllm`); None without ``use_vllm``."""
+        policy's current weights and synced with them (:meth:`sync_vllm`; a sleeping engine is woken and
+        given the weights); None without ``use_vllm``."""
         if not self.args.use_vllm:
             return None
         if self._vllm is None:
             from .vllm_engine import VLLMEngine
 
-            a = self.args
             started = time.perf_counter()
-            self._vllm = VLLMEngine.from_model(
-                self.unwrapped_model, self.tokenizer, max_model_len=a.resolved_vllm_max_model_length,
-                dtype=a.vllm_dtype, gpu_memory_utilization=a.vllm_gpu_memory_utilization,
-                kv_cache_memory_bytes=a.vllm_kv_cache_memory_bytes,
-                max_num_seqs=max(self.local_prompts * a.group_size, 64), enforce_eager=a.vllm_enforce_eager,
-                seed=a.seed + self.accelerator.process_index, logprobs_mode=a.vllm_logprobs_mode or "processed_logprobs",
-            )
+            self._vllm = VLLMEngine.from_model(self.unwrapped_model, self.tokenizer, **self.vllm_engine_kwargs())
             self._vllm_stale = False
             logger.info("vLLM engine started in %.1f s (weights synced in %.2f s)", time.perf_counter() - started,
                         self._vllm.last_sync_s)
+        elif self._vllm.asleep:
+            self._vllm_sync_s += self._vllm.wake_up(self.unwrapped_model)
+            self._vllm_stale = False
         else:
             self.sync_vllm()
         return self._vllm
@@ -381,7 +348,7 @@ class GTPOTrainer:
     def sync_vllm(self) -> None:
         """Give the engine the policy's current weights if an optimizer step (or a checkpoint load) changed
         them since the last sync (once per step, before its rollout); the time goes to ``vllm/sync_time_s``."""
-        if self._vllm is not None and self._vllm_stale:
+        if self._vllm is not None and self._vllm_stale and not self._vllm.asleep:
             self._vllm_sync_s += self._vllm.update_weights(self.unwrapped_model)
             self._vllm_stale = False
 
@@ -400,6 +367,8 @@ class GTPOTrainer:
         batch, stats = self.sample_batch()                                      # 1-2. rollout, score
         if a.use_vllm:
             stats["vllm/sync_time_s"] = self._vllm_sync_s
+            if a.vllm_enable_sleep_mode and self._vllm is not None:  # the update gets the engine's memory
+                self._vllm.sleep()
         t_gen = time.perf_counter() - t0
         all_rewards = acc.gather(batch.rewards.to(acc.device)).float().cpu()  # (P_all * G,)
         all_adv = group_advantages(all_rewards, a.group_size, scale=a.resolved_scale_rewards)  # 3. advantages
@@ -430,12 +399,14 @@ class GTPOTrainer:
                     temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, repetition_penalty=a.repetition_penalty,
                     eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id, logprobs=a.vllm_logprobs_mode is not None,
                 )
-            return generate(
-                self.unwrapped_model, self.tokenizer, [None] * len(rows), prompt_ids=[self._prompt_ids[r] for r in rows],
-                num_samples=a.group_size, max_new_tokens=a.max_completion_length, temperature=a.temperature,
-                top_p=a.top_p, top_k=a.top_k, repetition_penalty=a.repetition_penalty,
-                batch_size=a.generation_batch_size, decode_loop=a.decode_loop,
-            )
+            with self.precision.context(self.accelerator.device):  # sampling in the run's dtype too
+                return generate(
+                    self.unwrapped_model, self.tokenizer, [None] * len(rows),
+                    prompt_ids=[self._prompt_ids[r] for r in rows], num_samples=a.group_size,
+                    max_new_tokens=a.max_completion_length, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                    repetition_penalty=a.repetition_penalty, batch_size=a.generation_batch_size,
+                    decode_loop=a.decode_loop,
+                )
         except RuntimeError as err:
             text = str(err).lower()
             if "nan" not in text and "inf" not in text:
@@ -520,10 +491,12 @@ class GTPOTrainer:
         ``rollout`` (``mask (N, T)``: the loss mask), at ``logprob_temperature``; with grad unless called
         under ``torch.no_grad()``."""
         dev = self.accelerator.device
-        input_ids = torch.cat([rollout.prompt_ids[index], rollout.completion_ids[index]], dim=1).to(dev)
-        attn = torch.cat([rollout.prompt_mask[index], mask[index].long()], dim=1).to(dev)
-        return (policy or self.policy)(input_ids, attn, rollout.completion_ids[index].to(dev),
-                                       self.args.resolved_logprob_temperature)
+        # copied per micro-batch from the (pinned, on a GPU: Rollout.pin_memory) host rollout, joined on the device
+        prompt, completion = rollout.prompt_ids[index].to(dev, non_blocking=True), \
+            rollout.completion_ids[index].to(dev, non_blocking=True)
+        input_ids = torch.cat([prompt, completion], dim=1)
+        attn = torch.cat([rollout.prompt_mask[index].to(dev, non_blocking=True), mask[index].long().to(dev)], dim=1)
+        return (policy or self.policy)(input_ids, attn, completion, self.args.resolved_logprob_temperature)
 
     def _micro_batches(self, n: int) -> list[slice]:
         micro = self.args.micro_batch_size or n
@@ -813,15 +786,17 @@ class GTPOTrainer:
         from .evaluation.api import evaluate_during_training
 
         a = self.args
-        return evaluate_during_training(
-            self.unwrapped_model, self.tokenizer, self.eval_dataset, n=a.eval_num_samples, k_list=a.eval_k,
-            max_new_tokens=a.eval_max_new_tokens or a.max_completion_length, temperature=a.eval_temperature,
-            batch_size=a.generation_batch_size or 64, reward_fn=self.eval_reward_func, engine=self.vllm_engine,
-        )
+        with self.precision.context(self.accelerator.device):
+            return evaluate_during_training(
+                self.unwrapped_model, self.tokenizer, self.eval_dataset, n=a.eval_num_samples, k_list=a.eval_k,
+                max_new_tokens=a.eval_max_new_tokens or a.max_completion_length, temperature=a.eval_temperature,
+                batch_size=a.generation_batch_size or 64, reward_fn=self.eval_reward_func, engine=self.vllm_engine,
+            )
 
     def _probe(self) -> dict[str, float]:
-        return probe_probabilities(self.unwrapped_model, self.tokenizer, self.probe_texts,
-                                   temperature=self.args.resolved_logprob_temperature)
+        with self.precision.context(self.accelerator.device):
+            return probe_probabilities(self.unwrapped_model, self.tokenizer, self.probe_texts,
+                                       temperature=self.args.resolved_logprob_temperature)
 
     def _log_completions(self) -> None:
         batch, g = self.last_batch, self.args.group_size

@@ -57,7 +57,7 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
     try:
         with _library_deprecations_hidden():
             args = TRLGTPOConfig.from_gtpo_config(config, num_processes=state.num_processes,
-                                                  set_fields=set(spec), **options)
+                                                  set_fields=set(spec), adapter=run["peft"] is not None, **options)
     except ValueError as err:
         raise ConfigError(f"{source}: {err}") from None
     if run.get("probes"):
@@ -65,7 +65,8 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
 
     _, gguf = resolve_model_spec(model)
     tokenizer = load_tokenizer(model)
-    policy = load_model(model) if gguf else model  # TRL loads hub ids and directories itself
+    # TRL loads hub ids and directories itself (args.model_init_kwargs); a GGUF is dequantized here, in the run's dtype
+    policy = load_model(model, dtype=args.model_init_kwargs["dtype"]) if gguf else model
     train_dataset = drop_long_prompts(inputs.train_dataset, tokenizer, config.max_prompt_length)
     before = None
     if run["eval_before_after"] and eval_dataset is not None and not run["resume_from_checkpoint"] \

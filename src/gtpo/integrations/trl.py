@@ -127,19 +127,55 @@ from ..errors import ConfigError, ConfigValueError
 from ..losses import POLICY_LOSSES, LossExtras
 from ..scoring import overlong_penalty
 
-__all__ = ["ENGINE_ONLY", "GTPO_METHOD_FIELDS", "OverlongPenalty", "RENAMED", "SHARED_VLLM_FIELDS", "TRLGTPOConfig",
-           "TRLGTPOTrainer", "UNAVAILABLE", "check_trl_options", "drop_long_prompts", "metrics_file_callback"]
+__all__ = ["ENGINE_ONLY", "GTPO_METHOD_FIELDS", "OverlongPenalty", "RENAMED", "SHARED_VLLM_FIELDS", "TESTED_TRL",
+           "TRLGTPOConfig", "TRLGTPOTrainer", "UNAVAILABLE", "check_trl_options", "drop_long_prompts",
+           "metrics_file_callback", "missing_trl_api", "trl_precision"]
 
 logger = logging.getLogger("gtpo")
 
-# The GRPOTrainer methods this module overrides (private API of trl 1.x): a clear error instead of a
-# silently unpatched trainer on a TRL that renamed them.
+# What this module uses of TRL beyond its public trainer and config (private API of trl 1.x): checked at import,
+# so that a TRL that renamed or changed one fails with a clear error instead of a silently unpatched trainer or an
+# error in the middle of construction. TESTED_TRL is the range the pyproject's extras declare.
+TESTED_TRL = ("1.16", "1.17")
 _OVERRIDDEN = ("_generate_and_score_completions", "_calculate_rewards", "_compute_loss",
                "_get_per_token_logps_and_entropies", "_save_checkpoint", "_load_optimizer_and_scheduler")
-_missing = [name for name in _OVERRIDDEN if not hasattr(GRPOTrainer, name)]
+_USED_FUNCTIONS = {"trl.trainer.utils.add_fused_lm_head": ("temperature", "cast_lm_head_to_fp32", "outputs"),
+                   "trl.models.utils.disable_gradient_checkpointing": ()}
+_USED_CONFIG_FIELDS = ("num_generations", "generation_batch_size", "steps_per_generation", "cast_lm_head_to_fp32",
+                       "gradient_checkpointing_kwargs", "model_init_kwargs", "optim", "vllm_enable_sleep_mode",
+                       "top_entropy_quantile", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode")
+
+
+def missing_trl_api(trainer_cls=GRPOTrainer, config_cls=GRPOConfig, modules: dict | None = None) -> list[str]:
+    """The names this module needs that the installed TRL lacks: ``GRPOTrainer`` methods it overrides, the
+    functions it calls (with the keyword arguments it passes) and the ``GRPOConfig`` fields it sets;
+    ``modules`` maps module names to modules (default: imported)."""
+    import importlib
+    import inspect
+
+    missing = [f"GRPOTrainer.{name}" for name in _OVERRIDDEN if not hasattr(trainer_cls, name)]
+    for path, params in _USED_FUNCTIONS.items():
+        module_name, name = path.rsplit(".", 1)
+        try:
+            module = (modules or {}).get(module_name) or importlib.import_module(module_name)
+        except ImportError:
+            missing.append(path)
+            continue
+        func = getattr(module, name, None)
+        if func is None:
+            missing.append(path)
+            continue
+        accepted = inspect.signature(func).parameters
+        missing += [f"{path}({p}=)" for p in params if p not in accepted]
+    fields_ = {f.name for f in dataclasses.fields(config_cls)}
+    missing += [f"GRPOConfig.{name}" for name in _USED_CONFIG_FIELDS if name not in fields_]
+    return missing
+
+
+_missing = missing_trl_api()
 if _missing:  # pragma: no cover - depends on the installed TRL
-    raise ImportError(f"gtpo.integrations.trl supports trl 1.x (tested with 1.16); trl {trl.__version__}'s "
-                      f"GRPOTrainer lacks {_missing}")
+    raise ImportError(f"gtpo.integrations.trl supports trl >= {TESTED_TRL[0]}, < {TESTED_TRL[1]} (pip install "
+                      f"'trl>={TESTED_TRL[0]},<{TESTED_TRL[1]}'); trl {trl.__version__} lacks {_missing}")
 
 # ----------------------------------------------------------------------------------------- fields
 _GTPO_FIELDS = {f.name: f for f in dataclasses.fields(GTPOConfig)}
@@ -154,6 +190,7 @@ RENAMED = {
     "warmup_ratio": "warmup_steps",
     "max_prompt_length": "(gtpo train --engine trl drops longer prompts from the dataset)",
     "overwrite_output_dir": "(none: the HF Trainer writes into output_dir as it is)",
+    "dtype": "model_init_kwargs.dtype and bf16 (gtpo's dtype rule, docs/gpu.md)",
 }
 #: GTPOConfig fields of gtpo's own trainer (its sampler, evaluation, safeguards, logs): no effect on
 #: what TRL's engine trains, and no counterpart there.
@@ -377,7 +414,7 @@ class TRLGTPOConfig(GRPOConfig):
 
     @classmethod
     def from_gtpo_config(cls, config: GTPOConfig, *, num_processes: int = 1, set_fields: set[str] | None = None,
-                         **trl_options: Any) -> "TRLGTPOConfig":
+                         adapter: bool | None = None, **trl_options: Any) -> "TRLGTPOConfig":
         """The TRL config that trains ``config`` (a ``gtpo.GTPOConfig``) on TRL's engine.
 
         Every GTPOConfig field is mapped (module documentation): the same names, ``group_size`` ->
@@ -388,7 +425,10 @@ class TRLGTPOConfig(GRPOConfig):
         aggregations -> TRL's. ``trl_options`` (any ``trl.GRPOConfig`` field: ``use_vllm``, ``deepspeed``,
         ``per_device_train_batch_size``, ...) are passed on and win; setting TRL's batch fields together with
         ``prompts_per_step`` / ``micro_batch_size`` given explicitly (``set_fields``: the fields the user set;
-        default: those that differ from GTPOConfig's defaults) is refused. GTPOConfig fields of gtpo's own trainer (:data:`ENGINE_ONLY`) are ignored with a warning when
+        default: those that differ from GTPOConfig's defaults) is refused. The precision follows gtpo's rule
+        (:func:`trl_precision`): ``model_init_kwargs`` (which TRL loads the model with) gets the dtype of the
+        weights, ``bf16`` whether the run computes in bfloat16; ``adapter``: whether a peft adapter trains
+        (None: only with a quantized base). ``optim`` is passed as it is. GTPOConfig fields of gtpo's own trainer (:data:`ENGINE_ONLY`) are ignored with a warning when
         not at their default; DAPO's dynamic sampling is refused.
         """
         c = config
@@ -434,7 +474,8 @@ class TRLGTPOConfig(GRPOConfig):
             top_k=c.top_k, repetition_penalty=c.repetition_penalty, mask_truncated_completions=c.mask_truncated_completions,
             reward_weights=c.reward_weights, learning_rate=c.learning_rate, lr_scheduler_type=c.lr_scheduler_type,
             weight_decay=c.weight_decay, adam_beta1=c.adam_beta1, adam_beta2=c.adam_beta2, adam_epsilon=c.adam_epsilon,
-            max_grad_norm=c.max_grad_norm, bf16=c.bf16, gradient_checkpointing=c.gradient_checkpointing,
+            max_grad_norm=c.max_grad_norm, gradient_checkpointing=c.gradient_checkpointing, optim=c.optim,
+            **trl_precision(c, adapter=adapter, cpu=bool(trl_options.get("use_cpu"))),
             max_steps=c.max_steps * mu, warmup_steps=int(math.ceil(c.warmup_ratio * c.max_steps * mu)),
             logging_steps=c.logging_steps, report_to=list(c.report_to) or "none", run_name=c.run_name,
             disable_tqdm=c.disable_tqdm, num_completions_to_print=c.num_completions_to_print,
@@ -464,6 +505,33 @@ class TRLGTPOConfig(GRPOConfig):
         out.update({name: getattr(c, name) for name in SHARED_VLLM_FIELDS if name in given})
         out.update(trl_options)
         return cls(**out)
+
+
+def trl_precision(config: GTPOConfig, *, adapter: bool | None = None, cpu: bool = False) -> dict[str, Any]:
+    """``model_init_kwargs`` and ``bf16`` of TRL's engine for ``config``, by gtpo's dtype rule
+    (:mod:`gtpo.setup`): the run's dtype (``dtype``; ``auto`` against this machine's GPU, or its CPU with
+    ``cpu``), weights loaded in it under an adapter (``adapter``; None: only a quantized base is taken to
+    train one) and in float32 for full fine-tuning (float32 master weights under bf16 autocast: TRL's
+    ``bf16``), a 4-bit base computing in it unless ``bnb_4bit_compute_dtype`` is set. The values stay
+    JSON (dtype names, the quantization mapping), as TRL logs its config. bf16 on a CPU sets ``use_cpu``."""
+    from ..setup import precision_for, resolve_dtype
+
+    kwargs = dict(config.model_init_kwargs or {})
+    quant = kwargs.get("quantization_config")
+    device = torch.device("cuda" if torch.cuda.is_available() and not cpu else "cpu")
+    compute = resolve_dtype(config.requested_dtype, device) if config.requested_dtype != "float16" else torch.float16
+    if compute == torch.float16:  # TRL's own fp16 path (loss scaling): as asked
+        kwargs["dtype"] = "float16"
+        return {"model_init_kwargs": kwargs, "bf16": False, "fp16": True}
+    precision = precision_for(compute, adapter=bool(quant) if adapter is None else adapter)
+    name = str(precision.load).removeprefix("torch.")
+    kwargs["dtype"] = name
+    if isinstance(quant, dict) and quant.get("load_in_4bit") and "bnb_4bit_compute_dtype" not in quant:
+        kwargs["quantization_config"] = {**quant, "bnb_4bit_compute_dtype": str(compute).removeprefix("torch.")}
+    out = {"model_init_kwargs": kwargs, "bf16": compute == torch.bfloat16}
+    if out["bf16"] and device.type == "cpu":
+        out["use_cpu"] = True  # transformers refuses bf16 on a machine without a GPU unless told it trains on CPU
+    return out
 
 
 def _document_fields() -> None:
