@@ -313,15 +313,22 @@ def peak_rss_reset() -> None:
 
 
 # ----------------------------------------------------------------------------- processes, printing
-def run_worker(script: str, spec: dict, timeout: float = 1800) -> dict:
-    """Run ``script --worker '<json spec>'`` in a fresh interpreter; return its last JSON line."""
+def run_worker(script: str, spec: dict, timeout: float = 1800, *, progress: bool = False) -> dict:
+    """Run ``script --worker '<json spec>'`` in a fresh interpreter; return its last JSON line. With
+    ``progress`` the worker's stderr (its progress lines, :func:`progress`) goes to this process's."""
     env = dict(os.environ)
     env.setdefault("PYTHONWARNINGS", "ignore")
     cmd = [sys.executable, script, "--worker", json.dumps(spec)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True,
+                         timeout=timeout, env=env)
     if out.returncode != 0:
-        raise RuntimeError(f"worker {spec} failed ({out.returncode}):\n{out.stderr[-4000:]}")
+        raise RuntimeError(f"worker {spec} failed ({out.returncode}):\n{(out.stderr or '(its stderr is above)')[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def progress(message: str) -> None:
+    """A progress line of a worker on stderr (shown with ``run_worker(..., progress=True)``)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def set_threads(threads: int) -> None:

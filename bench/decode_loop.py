@@ -116,6 +116,7 @@ def worker(spec: dict) -> dict:
             out["lengths"][side].append(float(rollout.lengths.float().mean()))
             out["steps"][side].append(int(rollout.completion_ids.shape[1]))
             out["flops"][side].append(common.rollout_flops(config, rollout, spec["G"], lora_rank=lora_rank)["rollout"])
+            common.progress(f"{spec['setting']} round {r} {side}: {out['times'][side][-1]:.1f} s")
         out["peaks"].append(peak)
     return {k: ({s: v[1:] for s, v in d.items()} if isinstance(d, dict) else d[1:]) for k, d in out.items()}
 
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
             label = (f"SmolLM2-135M{' + adapter' if args.adapter else ''}, {args.dtype}, P=4 x G=8, "
                      f"T{'=' if args.forced else '<='}{args.max_new_tokens}, temp 0.7")
         res = common.run_worker(__file__, {**spec, "rounds": args.rounds, "threads": args.threads, "ref": args.ref},
-                                timeout=4 * 3600)
+                                timeout=8 * 3600, progress=setting == "smollm2")
         print(f"{setting}: {label}, {args.threads} threads, {args.rounds} rounds")
         sides = list(res["times"])
         for side in sides:

@@ -79,6 +79,7 @@ def worker(spec: dict) -> dict:
             row["flops_rollout"].append(flops["rollout"])
             row["flops_update"].append(flops["update"])
             row["peak"].append(peak)
+            common.progress(f"{d} step {r}: {metrics['step_time']:.1f} s, {row['tokens'][-1]:.0f} tokens")
     return out
 
 
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
         return 0
     print(common.machine())
     res = common.run_worker(__file__, dict(steps=args.steps, warmup=args.warmup, threads=args.threads,
-                                           seed=args.seed), timeout=6 * 3600)
+                                           seed=args.seed), timeout=8 * 3600, progress=True)
     w = args.warmup
     m = {d: {k: v[w:] for k, v in res[d].items()} for d in DTYPES}
     print(f"the default run (gtpo train --demo, seed {args.seed}) in float32 and bfloat16, {args.threads} threads, "

@@ -85,6 +85,7 @@ def interleaved_worker(spec: dict) -> dict:
                 metrics = canonical_record(ours[lt].step())  # the current metric names, whichever the trainer writes
             tokens[lt].append(metrics["completions/mean_length"] * n_rows)
             generation[lt].append(metrics["gtpo/generation_time"])
+            common.progress(f"ours-{lt} step {len(times[lt])}: {times[lt][-1]:.1f} s")
 
     class Interleave(TrainerCallback):
         k = 0
@@ -99,6 +100,7 @@ def interleaved_worker(spec: dict) -> dict:
             self.timer.__exit__(None, None, None)
             lengths = holder["trl"]._metrics["train"]["completions/mean_length"]
             tokens["trl"].append(lengths[-1] * n_rows)
+            common.progress(f"trl step {len(times['trl'])}: {times['trl'][-1]:.1f} s")
             if self.k % 2 == 0:
                 run_ours(self.k)
             self.k += 1
@@ -215,7 +217,8 @@ def main(argv=None) -> int:
 def run_cell(args, spec: dict) -> dict | None:
     """One interleaved run (one dtype) and its memory runs; prints the tables; returns the paired
     ratios ours/TRL per mode (None when a side sampled other token counts)."""
-    res = common.run_worker(__file__, {**spec, "mode": "interleaved"}, timeout=4 * 3600)
+    res = common.run_worker(__file__, {**spec, "mode": "interleaved"}, timeout=8 * 3600,
+                            progress=spec["model"] == "smollm2")
     if spec["model"] == "smollm2":
         what = (f"SmolLM2-135M-Instruct ({res['params'] / 1e6:.1f} M parameters), LoRA r={common.LORA['r']} "
                 f"all-linear, the default run's first {args.prompts} prompts")
