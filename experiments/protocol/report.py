@@ -1248,7 +1248,7 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
               "\n".join((stress_opt_design(), v2opt, opt_txt)) if opt_res else "",
               "## Claim 7: GTPO reaches higher accuracy\n", v7, VERDICTS.get("claim7", ""), c7_txt,
               f"![claim 7, accuracy]({figs['claim7']})\n" if figs.get("claim7") else "",
-              "### Attribution: which part of GTPO carries the gain (rebuilt start model)\n" if c7b_res else "",
+              "### Attribution: which part of GTPO carries the gain\n" if c7b_res else "",
               "\n".join((claim7b_design(), v7b, c7b_txt)) if c7b_res else "",
               "## SmolLM2-135M on the default task\n", VERDICTS.get("smol", ""), smol_txt if smol_res else "(no runs yet)\n"]
     if figs.get("smol"):

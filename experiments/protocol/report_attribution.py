@@ -87,6 +87,7 @@ def section() -> tuple[str, dict]:
                         "the same model" if same else "The records differ: another model; the designs are replicates, "
                         "never pooled"))
         out.append(line + ".\n")
+    out.append(blocks_run(runs) + "\n")
     per_seed = entries(runs, res.get("same_start", False))
     arms = [a for a in claim7b.ARMS if a in per_seed]
     out.append(f"**Runs:** every arm at learning rate {claim7b.LR:g}; sampled metrics of "
@@ -147,6 +148,17 @@ def section() -> tuple[str, dict]:
                    f"{rho['rho']:+.2f} (p = {fmt_p(rho['p'])}).\n")
     res["verdict"] = verdict(res)
     return "\n".join(out), res
+
+
+def blocks_run(runs: list[dict]) -> str:
+    """Which declared blocks of ``claim7b.ORDER`` the data holds, whole or in part, and how the rule ended them."""
+    have = {(r["arm"], r["seed"]) for r in runs}
+    parts = []
+    for b, jobs in claim7b.ORDER.items():
+        n = sum(j in have for j in jobs)
+        parts.append(f"block {b}: {n} of {len(jobs)} runs" + (" (complete)" if n == len(jobs) else ""))
+    return f"**Blocks run** (of the declared order; blocks 2, 3 and 6 are the stress experiment's): {'; '.join(parts)}. " \
+        + claim7b.ENDED
 
 
 def reproduction(runs: list[dict], res: dict) -> str:

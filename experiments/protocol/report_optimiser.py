@@ -7,7 +7,7 @@ import math
 import os
 import statistics
 
-from . import stats, stress_opt
+from . import claim7b, stats, stress_opt
 from .common import DATA, read_jsonl_gz
 from .declare import check_runs, describe
 from .report import (critical_lr, critical_lr_ci, critical_ratio_ci, fmt_p, load_stress, pct, stress_outcomes, table)
@@ -91,6 +91,9 @@ def section() -> tuple[str, dict]:
                 out.append(f"No main grid: {err}.\n")
     if main:
         lrs = sorted({o["lr"] for o in main})
+        seeds_run = sorted({o["seed"] for o in main})
+        out.append(f"**Seeds run:** the main grid ran seeds {seeds_run[0]}-{seeds_run[-1]} of the declared "
+                   f"{stress_opt.MAIN_SEEDS[0]}-{stress_opt.MAIN_SEEDS[-1]}. " + claim7b.ENDED + "\n")
         rows = _grid_table(main, lrs)
         for row, arm in zip(rows, (REF, ARM)):
             crit = critical_lr(main, arm, lrs)
