@@ -265,18 +265,24 @@ def test_bf16_full_finetuning_at_the_papers_learning_rate_moves_the_weights(tiny
 
 
 # ----------------------------------------------------------------------------- precision rules
-@pytest.mark.parametrize("flags, want", [({"avx512f", "avx512_bf16"}, torch.bfloat16), ({"amx_bf16"}, torch.bfloat16),
-                                         ({"avx2", "avx512f"}, torch.float32), (set(), torch.float32)])
-def test_auto_picks_bf16_only_on_cpus_with_native_bf16(flags, want):
-    assert gsetup.resolve_dtype("auto", torch.device("cpu"), flags=flags) == want
-    assert gsetup.resolve_dtype("float32", torch.device("cpu"), flags=flags) == torch.float32
-    assert gsetup.resolve_dtype("bfloat16", torch.device("cpu"), flags=flags) == torch.bfloat16
+@pytest.mark.parametrize("flags, vendor, want", [
+    ({"avx512f", "avx512_bf16"}, "AuthenticAMD", torch.bfloat16),  # Zen 4: bf16 matmuls ~4x MKL's float32
+    ({"avx512f", "avx512_bf16"}, "GenuineIntel", torch.float32),  # Intel without AMX: bf16 slower than MKL's float32
+    ({"avx512_bf16", "amx_tile", "amx_bf16"}, "GenuineIntel", torch.bfloat16),
+    ({"amx_bf16"}, "AuthenticAMD", torch.bfloat16),
+    ({"avx2", "avx512f"}, "AuthenticAMD", torch.float32), (set(), "", torch.float32)])
+def test_auto_picks_bf16_only_on_cpus_whose_bf16_matmuls_are_faster(flags, vendor, want):
+    assert gsetup.resolve_dtype("auto", torch.device("cpu"), flags=flags, vendor=vendor) == want
+    assert gsetup.resolve_dtype("float32", torch.device("cpu"), flags=flags, vendor=vendor) == torch.float32
+    assert gsetup.resolve_dtype("bfloat16", torch.device("cpu"), flags=flags, vendor=vendor) == torch.bfloat16
 
 
-def test_cpu_flags_are_read_from_cpuinfo():
-    text = "processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu avx512f avx512_bf16\n"
+def test_cpu_flags_and_vendor_are_read_from_cpuinfo():
+    text = ("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx512f avx512_bf16\n\n"
+            "processor\t: 1\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx512f avx512_bf16\n")
     assert gsetup.cpu_flags(text) == {"fpu", "avx512f", "avx512_bf16"}
-    assert gsetup.cpu_flags("") == frozenset()
+    assert gsetup.cpu_vendor(text) == "AuthenticAMD"
+    assert gsetup.cpu_flags("") == frozenset() and gsetup.cpu_vendor("") == ""
 
 
 def test_float16_is_refused_by_gtpos_trainer_with_what_to_do():

@@ -384,7 +384,8 @@ class GTPOConfig:
     dtype: str | None = _f(
         None,
         "Precision of the run: 'float32', 'bfloat16', or 'auto': bfloat16 where the hardware multiplies in it "
-        "natively (a CUDA GPU with bf16, compute capability >= 8.0; a CPU with avx512_bf16 or AMX), float32 "
+        "faster than in float32 (a CUDA GPU with bf16, compute capability >= 8.0; a CPU with AMX, or an AMD CPU with "
+        "avx512_bf16: on Intel CPUs without AMX, avx512_bf16 matmuls measured slower than MKL's float32), float32 "
         "elsewhere. In bfloat16 the sampling forward, the training forward and the LM head's matmul run in bfloat16 "
         "(torch.autocast); the trainable parameters (the LoRA adapter, or in full fine-tuning every weight: float32 "
         "master weights), the optimizer state, the log-probs, entropies and the loss stay float32; frozen weights "

@@ -36,14 +36,19 @@ from torch import nn
 from .config import GTPOConfig
 
 __all__ = ["NATIVE_BF16_CPU_FLAGS", "Precision", "build_optimizer", "build_reference_model", "build_scheduler",
-           "add_adapter", "check_quantized_placement", "cpu_flags", "has_native_bf16", "is_quantized", "load_policy_model",
+           "add_adapter", "check_quantized_placement", "cpu_flags", "cpu_vendor", "has_native_bf16", "is_quantized", "load_policy_model",
            "policy_load_kwargs", "precision_for", "prepare_quantized_base", "prepare_tokenizer", "requested_dtype",
            "resolve_dtype", "run_load_kwargs", "vllm_dtype_name"]
 
 logger = logging.getLogger("gtpo")
 
-#: /proc/cpuinfo flags of CPUs that multiply bfloat16 natively (AVX-512 BF16, Intel AMX).
-NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+#: /proc/cpuinfo flags of CPUs whose bfloat16 matmuls are faster than their float32 ones whatever the vendor
+#: (Intel AMX tiles).
+FAST_BF16_CPU_FLAGS = ("amx_bf16",)
+#: the AVX-512 BF16 dot-product flag: faster than float32 on AMD CPUs (Zen 4 EPYC, 2 threads: float32 matmul
+#: ~86 GFLOP/s with MKL, bfloat16 ~365), slower on Intel CPUs without AMX (a Xeon with avx512_bf16: MKL float32
+#: ~263 GFLOP/s, bfloat16 ~145); docs/performance.md.
+AVX512_BF16_FLAG = "avx512_bf16"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -51,39 +56,54 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
     """The CPU's feature flags (the ``flags`` line of ``/proc/cpuinfo``, or of the text ``cpuinfo``);
     empty where there is no such file (not Linux)."""
+    return frozenset(_cpuinfo_field(cpuinfo, ("flags", "Features")).split())
+
+
+def cpu_vendor(cpuinfo: str | None = None) -> str:
+    """The CPU's vendor (the ``vendor_id`` line of ``/proc/cpuinfo`` or of the text ``cpuinfo``, e.g.
+    ``"GenuineIntel"``, ``"AuthenticAMD"``); ``""`` where there is none."""
+    return _cpuinfo_field(cpuinfo, ("vendor_id",)).strip()
+
+
+def _cpuinfo_field(cpuinfo: str | None, keys: tuple[str, ...]) -> str:
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo") as fh:
                 cpuinfo = fh.read()
         except OSError:
-            return frozenset()
+            return ""
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
+        if key.strip() in keys:
+            return value
+    return ""
 
 
-def has_native_bf16(device: torch.device, *, flags: Collection[str] | None = None) -> bool:
-    """Whether ``device`` multiplies bfloat16 natively: a CUDA GPU with bf16 tensor cores (compute
-    capability >= 8.0, not emulated), a CPU with one of :data:`NATIVE_BF16_CPU_FLAGS` (``flags``: the
-    CPU's flags, default :func:`cpu_flags`)."""
+def has_native_bf16(device: torch.device, *, flags: Collection[str] | None = None,
+                    vendor: str | None = None) -> bool:
+    """Whether ``device`` multiplies bfloat16 faster than float32: a CUDA GPU with bf16 tensor cores
+    (compute capability >= 8.0, not emulated); a CPU with AMX (:data:`FAST_BF16_CPU_FLAGS`), or an AMD CPU
+    with :data:`AVX512_BF16_FLAG` (on Intel CPUs without AMX that flag's bfloat16 matmuls measured slower
+    than MKL's float32 ones). ``flags`` / ``vendor``: the CPU's, default :func:`cpu_flags` / :func:`cpu_vendor`."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
     if device.type == "cpu":
         found = cpu_flags() if flags is None else flags
-        return any(f in found for f in NATIVE_BF16_CPU_FLAGS)
+        if any(f in found for f in FAST_BF16_CPU_FLAGS):
+            return True
+        return AVX512_BF16_FLAG in found and (cpu_vendor() if vendor is None else vendor) == "AuthenticAMD"
     if device.type == "xpu":
         return bool(getattr(torch, "xpu", None) and torch.xpu.is_available() and torch.xpu.is_bf16_supported())
     return False
 
 
-def resolve_dtype(requested: str, device: torch.device, *, flags: Collection[str] | None = None) -> torch.dtype:
+def resolve_dtype(requested: str, device: torch.device, *, flags: Collection[str] | None = None,
+                  vendor: str | None = None) -> torch.dtype:
     """The compute dtype of a run that asked for ``requested`` (:attr:`GTPOConfig.requested_dtype`) on
     ``device``: ``"auto"`` is bfloat16 where :func:`has_native_bf16`, float32 elsewhere."""
     if requested == "auto":
-        return torch.bfloat16 if has_native_bf16(device, flags=flags) else torch.float32
+        return torch.bfloat16 if has_native_bf16(device, flags=flags, vendor=vendor) else torch.float32
     if requested == "float16":
         raise ValueError("GTPOConfig.dtype (or model_init_kwargs.dtype) float16: gtpo's trainer does no loss "
                          "scaling, so float16 gradients underflow; use bfloat16 (or float32), or TRL's engine "
