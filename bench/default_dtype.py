@@ -15,7 +15,8 @@ roofline (``common.print_roofline``: the FLOPs of its real rollout, each prompt 
 at its length, over the time of each part, as a fraction of the matmul peak of its own dtype,
 measured before each step). No goal: the bf16 decision (issue 33) reads these ratios.
 
-Usage: ``python bench/default_dtype.py [--steps 8] [--warmup 1] [--threads 2] [--seed 0]``.
+Usage: ``python bench/default_dtype.py [--steps 8] [--warmup 1] [--threads 2] [--seed 0]
+[--max-completion-length 40]``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import common  # noqa: E402
 DTYPES = ("float32", "bfloat16")
 
 
-def default_trainer(dtype: str, output_dir: str, seed: int):
+def default_trainer(dtype: str, output_dir: str, seed: int, max_completion_length: int | None = None):
     """``GTPOTrainer`` of ``gtpo train --demo --dtype DTYPE --seed SEED`` (no evaluation, checkpoints or
     sample logs), built with the app layer's own pieces."""
     import torch
@@ -43,6 +44,7 @@ def default_trainer(dtype: str, output_dir: str, seed: int):
     from gtpo.setup import run_load_kwargs
 
     overrides = dict(dtype=dtype, seed=seed, output_dir=output_dir, overwrite_output_dir=True, save_steps=0,
+                     **({} if max_completion_length is None else {"max_completion_length": max_completion_length}),
                      log_completions_steps=0, eval_before_after=False, max_steps=10**6)
     spec, source, options = resolve_train_spec(None, overrides, demo=True)
     inputs = load_run_inputs(spec, source=source, options=options)
@@ -60,7 +62,8 @@ def worker(spec: dict) -> dict:
 
     common.set_threads(spec["threads"])
     tmp = common.scratch_dir()
-    trainers = {d: default_trainer(d, os.path.join(tmp, d), spec["seed"]) for d in DTYPES}
+    trainers = {d: default_trainer(d, os.path.join(tmp, d), spec["seed"], spec.get("max_completion_length"))
+                for d in DTYPES}
     keys = ("step", "generation", "update", "tokens", "flops_rollout", "flops_update", "peak")
     out = {d: {k: [] for k in keys} for d in DTYPES}
     for r in range(spec["warmup"] + spec["steps"]):
@@ -89,6 +92,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=1, help="warm-up steps per dtype (not measured)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-completion-length", type=int,
+                        help="sampled tokens per completion (default: the default run's, 40)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -96,7 +101,8 @@ def main(argv=None) -> int:
         return 0
     print(common.machine())
     res = common.run_worker(__file__, dict(steps=args.steps, warmup=args.warmup, threads=args.threads,
-                                           seed=args.seed), timeout=8 * 3600, progress=True)
+                                           seed=args.seed, max_completion_length=args.max_completion_length),
+                            timeout=8 * 3600, progress=True)
     w = args.warmup
     m = {d: {k: v[w:] for k, v in res[d].items()} for d in DTYPES}
     print(f"the default run (gtpo train --demo, seed {args.seed}) in float32 and bfloat16, {args.threads} threads, "
