@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from gtpo import GTPOConfig
+from gtpo.errors import ConfigValueError
 from gtpo.app.spec import split_spec
 from gtpo.cli import main
 from gtpo.errors import ConfigError
@@ -123,6 +124,10 @@ def test_group_size_and_num_generations_in_python_on_both_engines():
     assert GTPOConfig(num_generations=4).group_size == 4  # TRL's name on gtpo's config
     with pytest.raises(ValueError, match=r"num_generations=4 is TRL's name of group_size, which is 6: set one"):
         GTPOConfig(num_generations=4, group_size=6)
+    for bad in (0, [], "8"):  # an invalid value given under TRL's name is reported under that name
+        with pytest.raises(ConfigValueError, match=r"\(given as num_generations, TRL's name of group_size\)") as err:
+            GTPOConfig(num_generations=bad)
+        assert err.value.field == "num_generations"
     args = TRLGTPOConfig(output_dir="x", group_size=4, per_device_train_batch_size=4, use_cpu=True)
     assert (args.num_generations, args.group_size) == (4, None)  # gtpo's name on TRL's config
     with pytest.raises(ValueError, match=r"group_size=4 is gtpo's name of num_generations, which is 6"):

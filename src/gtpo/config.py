@@ -443,6 +443,7 @@ class GTPOConfig:
 
     # ------------------------------------------------------------------ helpers
     def __post_init__(self) -> None:
+        alias = "num_generations" if self.num_generations is not None else None
         if self.num_generations is not None:  # TRL's name of group_size
             default = GTPOConfig.__dataclass_fields__["group_size"].default
             if self.group_size not in (default, self.num_generations):
@@ -457,7 +458,12 @@ class GTPOConfig:
         for name in ("eval_k", "reward_weights"):  # tuples are accepted; stored as lists (JSON round trip)
             if isinstance(getattr(self, name), tuple):
                 setattr(self, name, list(getattr(self, name)))
-        self.validate()
+        try:
+            self.validate()
+        except ConfigValueError as err:
+            if alias and err.field == "group_size":  # the user wrote TRL's name: say that one
+                raise ConfigValueError(f"{err} (given as {alias}, TRL's name of group_size)", alias) from None
+            raise
         for f in fields(self):  # an int given for a float field is stored as a float
             value = getattr(self, f.name)
             if _annotation(f) in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
