@@ -94,7 +94,8 @@ ORDER: dict[int, list[tuple[str, int]]] = {
 #: how the stopping rule ended the blocks (written after the fact; the design above is the declaration)
 ENDED = ("The session's compute ended during block 4: the runs started after block 3 were lost with the "
          "machine's restart at about 14:30 UTC, before any of them was exported, and the stop time declared in "
-         "`4ac0d44` (15:30 UTC) had passed when work resumed; no run was started after it, and the experiment ends with the runs committed.")
+         "`4ac0d44` (15:30 UTC) had passed when work resumed; no run was started after it, and the experiment ends "
+         "with the runs committed.")
 #: arms whose sampled metrics come from the first design's runs (rerun here for greedy pass@1 only)
 RERUN = ("gtpo", "grpo")
 GREEDY = dict(n=1, k=[1], maj_k=[1], temperature=0.0, max_new_tokens=64, answer_from="tag", batch_size=256)

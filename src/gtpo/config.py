@@ -443,8 +443,8 @@ class GTPOConfig:
 
     # ------------------------------------------------------------------ helpers
     def __post_init__(self) -> None:
-        alias = "num_generations" if self.num_generations is not None else None
-        if self.num_generations is not None:  # TRL's name of group_size
+        trl_name = self.num_generations is not None
+        if trl_name:  # TRL's name of group_size
             default = GTPOConfig.__dataclass_fields__["group_size"].default
             if self.group_size not in (default, self.num_generations):
                 raise ConfigValueError(
@@ -461,8 +461,9 @@ class GTPOConfig:
         try:
             self.validate()
         except ConfigValueError as err:
-            if alias and err.field == "group_size":  # the user wrote TRL's name: say that one
-                raise ConfigValueError(f"{err} (given as {alias}, TRL's name of group_size)", alias) from None
+            if trl_name and err.field == "group_size":  # the user wrote TRL's name: say that one
+                raise ConfigValueError(f"{err} (given as num_generations, TRL's name of group_size)",
+                                       "num_generations") from None
             raise
         for f in fields(self):  # an int given for a float field is stored as a float
             value = getattr(self, f.name)

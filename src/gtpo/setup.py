@@ -35,9 +35,9 @@ from torch import nn
 
 from .config import GTPOConfig
 
-__all__ = ["NATIVE_BF16_CPU_FLAGS", "Precision", "build_optimizer", "build_reference_model", "build_scheduler",
-           "add_adapter", "check_quantized_placement", "cpu_flags", "cpu_vendor", "has_native_bf16", "is_quantized", "load_policy_model",
-           "policy_load_kwargs", "precision_for", "prepare_quantized_base", "prepare_tokenizer", "requested_dtype",
+__all__ = ["AVX512_BF16_FLAG", "FAST_BF16_CPU_FLAGS", "Precision", "build_optimizer", "build_reference_model",
+           "build_scheduler", "add_adapter", "check_quantized_placement", "cpu_flags", "cpu_vendor", "has_native_bf16",
+           "is_quantized", "load_policy_model", "policy_load_kwargs", "precision_for", "prepare_quantized_base", "prepare_tokenizer", "requested_dtype",
            "resolve_dtype", "run_load_kwargs", "vllm_dtype_name"]
 
 logger = logging.getLogger("gtpo")
