@@ -405,7 +405,7 @@ class GTPOTrainer:
                     prompt_ids=[self._prompt_ids[r] for r in rows], num_samples=a.group_size,
                     max_new_tokens=a.max_completion_length, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                     repetition_penalty=a.repetition_penalty, batch_size=a.generation_batch_size,
-                    decode_loop=a.decode_loop,
+                    decode_loop=a.decode_loop, merge_lora=a.merge_lora_for_sampling,
                 )
         except RuntimeError as err:
             text = str(err).lower()
@@ -791,6 +791,7 @@ class GTPOTrainer:
                 self.unwrapped_model, self.tokenizer, self.eval_dataset, n=a.eval_num_samples, k_list=a.eval_k,
                 max_new_tokens=a.eval_max_new_tokens or a.max_completion_length, temperature=a.eval_temperature,
                 batch_size=a.generation_batch_size or 64, reward_fn=self.eval_reward_func, engine=self.vllm_engine,
+                merge_lora=a.merge_lora_for_sampling,
             )
 
     def _probe(self) -> dict[str, float]:

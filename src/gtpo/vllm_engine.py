@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from .lora_merge import dense_base_weight, is_bnb_layer, lora_merged_weight
 from .padding import left_pad
 from .rollout import Rollout
 
@@ -110,41 +111,13 @@ def require_vllm(what: str = "use_vllm") -> None:
 
 
 # ----------------------------------------------------------------------------------------- weights
-def _is_quantized(module: torch.nn.Module) -> bool:
-    """A bitsandbytes 4-/8-bit layer (its weight is packed, not a float matrix)."""
-    weight = getattr(module, "weight", None)
-    return weight is not None and type(weight).__name__ in ("Params4bit", "Int8Params")
-
-
-def _dense_base_weight(layer: torch.nn.Module) -> torch.Tensor:
-    """The float weight of a linear layer (dequantized for bitsandbytes layers)."""
-    if _is_quantized(layer):
-        from peft.utils.integrations import dequantize_module_weight
-
-        return dequantize_module_weight(layer).detach()
-    return layer.weight.detach()
-
-
 def _lora_merged_weight(module) -> torch.Tensor:
-    """``W + sum_a delta_a`` of a peft LoRA layer over its active, unmerged adapters (nothing mutated)."""
-    base = module.get_base_layer()
-    weight = _dense_base_weight(base)
-    if getattr(module, "disable_adapters", False):
-        return weight
-    merged = set(getattr(module, "merged_adapters", []))
-    delta = None
-    for name in module.active_adapters:
-        if name in merged or (name not in getattr(module, "lora_A", {}) and
-                              name not in getattr(module, "lora_embedding_A", {})):
-            continue
-        if getattr(module, "use_dora", {}).get(name, False):
-            raise ValueError(f"use_vllm: the LoRA adapter {name!r} uses DoRA, whose merged weights gtpo does not "
-                             "compute for vLLM; train without use_dora, or without use_vllm")
-        d = module.get_delta_weight(name).detach()
-        delta = d if delta is None else delta + d
-    if delta is None:
-        return weight
-    return (weight.to(delta.dtype) + delta).to(weight.dtype)
+    """``W + sum_a delta_a`` of a peft LoRA layer (:func:`gtpo.lora_merge.lora_merged_weight`), its
+    error naming ``use_vllm``."""
+    try:
+        return lora_merged_weight(module)
+    except ValueError as err:
+        raise ValueError(f"use_vllm: {err}; train without use_dora, or without use_vllm") from None
 
 
 def dense_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -175,8 +148,8 @@ def dense_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
                 else module.modules_to_save[active[0]]
             yield from visit(inner, prefix)
             return
-        if _is_quantized(module):
-            yield prefix + "weight", _dense_base_weight(module)
+        if is_bnb_layer(module):
+            yield prefix + "weight", dense_base_weight(module)
             if getattr(module, "bias", None) is not None:
                 yield prefix + "bias", module.bias.detach()
             return

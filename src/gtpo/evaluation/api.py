@@ -251,12 +251,13 @@ def seeded(seed: int):
 def generate_samples(
     model, tokenizer, rows: list[dict], *, n: int, temperature: float, top_p: float, top_k: int,
     max_new_tokens: int, batch_size: int | None, max_prompt_length: int | None, progress: bool,
-    keep_ids: bool = False, engine: Any = None,
+    keep_ids: bool = False, engine: Any = None, merge_lora: bool = True,
 ) -> list[list[dict]]:
     """``n`` sampled completions of every row: per row, ``n`` dicts (text, length, truncated,
     and with ``keep_ids`` the completion's token ids under ``"ids"``). With ``engine`` (a
     :class:`gtpo.vllm_engine.VLLMEngine`) vLLM samples every row in one call (it batches by itself);
-    otherwise ``gtpo.rollout.generate`` samples ``batch_size`` completions at a time."""
+    otherwise ``gtpo.rollout.generate`` samples ``batch_size`` completions at a time (with its
+    ``merge_lora``)."""
     from gtpo.rollout import encode_prompts, eos_token_ids, generate
 
     if batch_size is not None and batch_size < 1:
@@ -292,6 +293,7 @@ def generate_samples(
                 model, tokenizer, [r["prompt"] for r in part], num_samples=n,
                 max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                 do_sample=not greedy, batch_size=batch_size, max_prompt_length=max_prompt_length,
+                merge_lora=merge_lora,
             )
         lengths = rollout.completion_mask.sum(dim=1).tolist()
         truncated = rollout.truncated.tolist()
@@ -500,6 +502,7 @@ def evaluate_during_training(
     unparsable: str = "abstain",
     seed: int = 0,
     engine: Any = None,
+    merge_lora: bool = True,
 ) -> dict[str, float]:
     """A cheap evaluation for the trainer's ``eval_steps``: flat ``eval/*`` metrics.
 
@@ -519,6 +522,7 @@ def evaluate_during_training(
             ``datasets.Dataset`` or a list of dicts.
         engine: a :class:`gtpo.vllm_engine.VLLMEngine` serving ``model``'s current weights (the trainer's
             with ``use_vllm``): it samples instead of ``gtpo.rollout.generate``.
+        merge_lora: ``gtpo.rollout.generate``'s (float32 LoRA layers merged while sampling).
         reward_fn: optional correctness reward (TRL's contract, called with the row's columns
             and ``completion_ids``; or a ``gtpo.rewards.resolve_reward`` spec); a sample counts
             as correct when it returns ``>= correct_threshold`` (default 1.0: use a correctness
@@ -544,7 +548,7 @@ def evaluate_during_training(
             model, tokenizer, rows, n=n, temperature=max(temperature, 0.0), top_p=top_p, top_k=0,
             max_new_tokens=max_new_tokens, batch_size=batch_size,
             max_prompt_length=max_prompt_length, progress=False, keep_ids=reward_fn is not None,
-            engine=engine,
+            engine=engine, merge_lora=merge_lora,
         )
     problems = [problem_record(i, row, samples)
                 for i, (row, samples) in enumerate(zip(rows, generated))]

@@ -194,7 +194,7 @@ RENAMED = {
 }
 #: GTPOConfig fields of gtpo's own trainer (its sampler, evaluation, safeguards, logs): no effect on
 #: what TRL's engine trains, and no counterpart there.
-ENGINE_ONLY = ("decode_loop", "logprob_chunk_size", "log_policy_change", "max_consecutive_skips",
+ENGINE_ONLY = ("decode_loop", "merge_lora_for_sampling", "logprob_chunk_size", "log_policy_change", "max_consecutive_skips",
                "log_completions_steps", "eval_num_samples", "eval_k", "eval_temperature", "eval_max_new_tokens",
                "generation_batch_size", "max_resample_rounds", "vllm_kv_cache_memory_bytes", "vllm_dtype",
                "vllm_enforce_eager", "gtpo_ablation")
