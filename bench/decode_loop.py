@@ -21,7 +21,10 @@ fresh process each:
   0.7) and ``--max-new-tokens`` (default 128): real EOS, completions end at different lengths, so
   (b) counts too; ``--forced``: every completion has exactly T tokens (as the trainer benchmarks).
   ``--adapter DIR`` loads a LoRA adapter trained by ``gtpo train`` (e.g. the default run's
-  ``runs/default``): trained policies end earlier.
+  ``runs/default``): trained policies end earlier; ``--lora-rank R`` adds a random one (the default
+  run's r = 16, alpha 2r, all linear layers, B ~ N(0, 0.02) as after some training). With an adapter
+  a fourth side, ``loop-unmerged``, samples through the LoRA layers (``merge_lora=False``) where
+  ``loop`` samples with them merged (``gtpo.lora_merge``, the trainer's default).
 
 Per setting and side: the rollout time (median over ``--rounds`` after one warm-up round; sides in
 alternating order), sampled tokens/s (tokens up to each row's EOS / time), the median of the
@@ -32,7 +35,7 @@ of the machine's matmul peak in the dtype (``common.matmul_peak``, measured befo
 Not a test and no goal: the numbers go in docs/performance.md.
 
 Usage: ``python bench/decode_loop.py [--settings tiny smollm2] [--rounds 4] [--max-new-tokens 128]
-[--dtype float32] [--forced] [--adapter DIR] [--ref REF] [--threads 2]``.
+[--dtype float32] [--forced] [--adapter DIR | --lora-rank R] [--ref REF] [--threads 2]``.
 """
 
 from __future__ import annotations
@@ -67,6 +70,16 @@ def _smollm2(spec: dict):
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, spec["adapter"])
+    elif spec.get("lora_rank"):
+        from peft import LoraConfig, get_peft_model
+
+        r = spec["lora_rank"]
+        model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear"))
+        generator = torch.Generator().manual_seed(0)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                with torch.no_grad():
+                    p.normal_(0.0, 0.02, generator=generator)
     # the default run's held-out problems (its eval_dataset), the first P of them
     return model, AutoTokenizer.from_pretrained(path), common.default_task_prompts(spec["P"], split="test")
 
@@ -95,6 +108,8 @@ def worker(spec: dict) -> dict:
     config = unwrap_peft(model).config
     current = gtpo.rollout.decode
     decoders = {"loop": current, "generate": None}
+    if lora_rank:
+        decoders["loop-unmerged"] = current
     if spec.get("ref"):
         decoders[f"loop@{spec['ref']}"] = decode_at(spec["ref"])
     sides = list(decoders)
@@ -109,7 +124,8 @@ def worker(spec: dict) -> dict:
             try:
                 with common.Timer(out["times"][side], out["cpu"][side]):
                     rollout = generate(model, tokenizer, prompts, num_samples=spec["G"], max_new_tokens=spec["T"],
-                                       temperature=spec["temperature"], top_k=0, decode_loop=decoders[side] is not None)
+                                       temperature=spec["temperature"], top_k=0, decode_loop=decoders[side] is not None,
+                                       merge_lora=side != "loop-unmerged")
             finally:
                 gtpo.rollout.decode = current
             out["tokens"][side].append(int(rollout.lengths.sum()))
@@ -130,6 +146,8 @@ def main(argv=None) -> int:
                         help="the smollm2 setting's weights and computation")
     parser.add_argument("--forced", action="store_true", help="smollm2: every completion has exactly T tokens")
     parser.add_argument("--adapter", help="a LoRA adapter directory for the smollm2 setting (gtpo train output)")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="smollm2: add a random LoRA adapter of this rank (and the loop-unmerged side)")
     parser.add_argument("--ref", help="a git commit: also time the decoding loop of src/gtpo/decode.py at it")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -146,9 +164,10 @@ def main(argv=None) -> int:
             label = "tiny Llama 2.5 M, float32, P=2 x G=8, T=64 forced"
         else:
             spec = dict(setting="smollm2", P=4, G=8, T=args.max_new_tokens, temperature=0.7, adapter=args.adapter,
-                        dtype=args.dtype, forced=args.forced)
+                        dtype=args.dtype, forced=args.forced, lora_rank=args.lora_rank)
             common.smollm2_model(args.max_new_tokens if args.forced else None)
-            label = (f"SmolLM2-135M{' + adapter' if args.adapter else ''}, {args.dtype}, P=4 x G=8, "
+            adapter = " + adapter" if args.adapter else f" + random LoRA r={args.lora_rank}" if args.lora_rank else ""
+            label = (f"SmolLM2-135M{adapter}, {args.dtype}, P=4 x G=8, "
                      f"T{'=' if args.forced else '<='}{args.max_new_tokens}, temp 0.7")
         res = common.run_worker(__file__, {**spec, "rounds": args.rounds, "threads": args.threads, "ref": args.ref},
                                 timeout=8 * 3600, progress=setting == "smollm2")
@@ -169,6 +188,9 @@ def main(argv=None) -> int:
                          f"{common.median(res['flops'][side]) / common.median(t) / 1e9:.1f}", f"{frac:.3f}"])
         print(common.table(["side", "median s", "median CPU s", "tokens/s", "tokens per CPU s", "paired /generate",
                             "mean length", "decoding steps", "GFLOP/s", "fraction of peak"], rows))
+        if "loop-unmerged" in res["times"]:
+            paired = common.median(a / b for a, b in zip(res["times"]["loop"], res["times"]["loop-unmerged"]))
+            print(f"  loop (LoRA merged) / loop-unmerged: {paired:.3f} (median of paired wall ratios)")
         if args.ref:
             ref = f"loop@{args.ref}"
             paired = common.median(a / b for a, b in zip(res["times"]["loop"], res["times"][ref]))
