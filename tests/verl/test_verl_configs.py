@@ -47,7 +47,8 @@ def test_gtpo_config_reaches_the_method_unchanged():
 @pytest.mark.parametrize("override, option", [
     ("trainer.use_v1=false", "trainer.use_v1"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode=vanilla", "actor_rollout_ref.actor.policy_loss.loss_mode"),
-    ("actor_rollout_ref.actor.loss_agg_mode=token-mean", "actor_rollout_ref.actor.loss_agg_mode"),
+    ("actor_rollout_ref.actor.loss_agg_mode=token-sum", "actor_rollout_ref.actor.loss_agg_mode"),
+    ("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm", "actor_rollout_ref.actor.loss_agg_mode"),
     ("actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.use_kl_loss"),
     ("algorithm.use_kl_in_reward=true", "algorithm.use_kl_in_reward"),
     ("actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.entropy_coeff"),

@@ -185,5 +185,19 @@ def test_loss_mode_refuses_rows_of_two_signs_and_other_aggregations():
     adv = torch.tensor([[1.0, -1.0, 1.0], [0.5, 0.5, 0.5]], dtype=torch.float64)
     with pytest.raises(ValueError, match="one sign per row"):
         compute_policy_loss_gtpo(old, logp, adv, torch.ones(2, 3), "seq-mean-token-mean", actor_cfg)
-    with pytest.raises(ValueError, match="seq-mean-token-mean"):
-        compute_policy_loss_gtpo(old, logp, adv.abs(), torch.ones(2, 3), "token-mean", actor_cfg)
+    with pytest.raises(ValueError, match="loss_agg_mode: .*got 'token-sum'"):
+        compute_policy_loss_gtpo(old, logp, adv.abs(), torch.ones(2, 3), "token-sum", actor_cfg)
+
+
+def test_loss_mode_reduces_as_gtpo_under_verls_default_aggregation():
+    """verl's default loss_agg_mode (token-mean) gives exactly the seq-mean-token-mean loss: GTPO's reduction,
+    so a user needs only the three GTPO keys."""
+    from gtpo.integrations.verl import compute_policy_loss_gtpo
+
+    _, _, actor_cfg = _configs("official")
+    logp, old = log_probs(1, (3, 4))
+    adv = torch.tensor([[1.0, 2.0, 1.0, 0.0], [-0.5, -0.5, -1.0, -0.5], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.float64)
+    a, _ = compute_policy_loss_gtpo(old, logp, adv, mask, "seq-mean-token-mean", actor_cfg)
+    b, _ = compute_policy_loss_gtpo(old, logp, adv, mask, "token-mean", actor_cfg)
+    assert torch.equal(a, b)

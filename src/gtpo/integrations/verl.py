@@ -6,7 +6,10 @@ module yourself). A verl user sets three keys::
     algorithm.adv_estimator=gtpo  actor_rollout_ref.actor.policy_loss.loss_mode=gtpo  trainer.v1.trainer_mode=gtpo
 
 and, optionally, GTPO's preset and method fields under ``algorithm.gtpo`` (``+algorithm.gtpo.preset=paper`` on the
-command line; default ``official``). ``actor_rollout_ref.actor.loss_agg_mode`` must be ``seq-mean-token-mean``.
+command line; default ``official``). Loss mode ``gtpo`` reduces as GTPO does (a token mean per completion, then
+the mean over the mini-batch's completions) whether ``actor_rollout_ref.actor.loss_agg_mode`` is verl's default
+``token-mean`` or ``seq-mean-token-mean`` (verl then uses that key only for its entropy metrics); the sum modes
+(``token-sum``, ``seq-mean-token-sum``, ``seq-mean-token-sum-norm``) name another reduction and are refused.
 
 The method is gtpo's, never a copy: :mod:`gtpo.method` composes it (the conflict inputs of whole groups from the
 UNSHAPED advantage signs, the entropy filter, ⟨H⟩_ini and the gamma shift, :func:`gtpo.method.token_advantages`) and
@@ -76,6 +79,9 @@ logger = logging.getLogger("gtpo")
 
 #: the verl releases this module is tested with (pyproject's ``verl`` extra)
 TESTED_VERL = ("0.9.1", "0.10")
+#: ``actor.loss_agg_mode`` values loss mode ``gtpo`` accepts: it reduces as GTPO whichever (verl aggregates only
+#: its entropy metrics with the key); the sum modes name another reduction of the loss and are refused
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
 
 try:
     import verl
@@ -94,7 +100,7 @@ except ImportError as _err:  # verl logs entry-point failures at debug level onl
     raise ImportError(f"gtpo.integrations.verl needs verl >= {TESTED_VERL[0]}, < {TESTED_VERL[1]} with its v1 trainer "
                       f"and TransferQueue (pip install 'gtpo[verl]'); importing them failed: {_err}") from _err
 
-__all__ = ["GTPOTrainer", "TESTED_VERL", "VERL_OWNED", "VerlAdvantages", "check_verl_config",
+__all__ = ["GTPOTrainer", "LOSS_AGG_MODES", "TESTED_VERL", "VERL_OWNED", "VerlAdvantages", "check_verl_config",
            "compute_gtpo_advantage", "compute_policy_loss_gtpo", "gtpo_config_from_verl",
            "gtpo_token_level_advantages", "group_rows", "missing_verl_api"]
 
@@ -220,8 +226,10 @@ def check_verl_config(config) -> GTPOConfig:
     need("algorithm.adv_estimator", "gtpo", "trainer mode gtpo computes GTPO's advantages")
     need("actor_rollout_ref.actor.policy_loss.loss_mode", "gtpo", "the PPO-clip surrogate without verl's dual clip, "
          "which GTPO's loss does not have")
-    need("actor_rollout_ref.actor.loss_agg_mode", "seq-mean-token-mean", "GTPO's loss is a token mean per "
-         "completion, then a mean over completions")
+    agg = _select(config, "actor_rollout_ref.actor.loss_agg_mode", "token-mean")
+    if agg not in LOSS_AGG_MODES:
+        raise ConfigError(f"actor_rollout_ref.actor.loss_agg_mode: loss mode gtpo reduces as GTPO (a token mean per "
+                          f"completion, then a mean over completions); use one of {LOSS_AGG_MODES}, got {agg!r}")
     for path, why in (("actor_rollout_ref.actor.use_kl_loss", "GTPO drops the KL term and the reference model"),
                       ("algorithm.use_kl_in_reward", "GTPO drops the KL term and the reference model"),
                       ("algorithm.use_pf_ppo", "PF-PPO reweights the batch GTPO's groups come from"),
@@ -389,17 +397,17 @@ def compute_policy_loss_gtpo(old_log_prob: Tensor, log_prob: Tensor, advantages:
                              loss_agg_mode: str = "seq-mean-token-mean", config=None,
                              rollout_is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, Any]]:
     """verl's policy-loss signature (``actor_rollout_ref.actor.policy_loss.loss_mode=gtpo``): the PPO-clip surrogate
-    of token-level ``advantages (B, T)`` without verl's dual clip, token mean per completion, divided by the
-    mini-batch's row count ``config.global_batch_info["global_batch_size"]`` (verl's ``seq-mean-token-mean``) times
+    of token-level ``advantages (B, T)`` without verl's dual clip, token mean per completion (for either of
+    :data:`LOSS_AGG_MODES`), divided by the mini-batch's row count ``config.global_batch_info["global_batch_size"]`` (verl's ``seq-mean-token-mean``) times
     ``dp_size``; ``rollout_is_weights (B, T)`` multiply the per-token loss.
 
     It is ``POLICY_LOSSES["gtpo"]`` with each row's sign as its advantage and ``|advantages|`` as the token weights
     (the advantages :func:`gtpo_token_level_advantages` writes have one sign per row); a row whose advantages change
     sign (an estimator like GAE) is a ValueError.
     """
-    if loss_agg_mode != "seq-mean-token-mean":
-        raise ValueError(f"actor_rollout_ref.actor.loss_agg_mode: loss mode gtpo reduces as 'seq-mean-token-mean', got "
-                         f"{loss_agg_mode!r}")
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"actor_rollout_ref.actor.loss_agg_mode: loss mode gtpo reduces as GTPO (a token mean per "
+                         f"completion, then a mean over completions); use one of {LOSS_AGG_MODES}, got {loss_agg_mode!r}")
     if config is None:
         raise ValueError("config: loss mode gtpo reads the clip range from verl's actor config, got None")
     mask = response_mask.bool()
