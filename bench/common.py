@@ -516,13 +516,24 @@ def step_flops(config, prompt_lengths: list[int], completion_lengths: list[list[
     return dict(rollout=rollout, update=update, head=head)
 
 
-def matmul_peak(dtype: str = "float32", *, n: int = 2048, reps: int = 3) -> float:
+def matmul_peak(dtype: str = "float32", *, n: int = 2048, reps: int = 3, probe: int = 256,
+                slow: float = 5e9) -> float:
     """The machine's matmul rate now, in FLOP/s: the best of ``reps`` ``(n, n) @ (n, n)`` products in
     ``dtype`` on this process's threads (one warm-up product first). Measure it next to the timed
-    work: on a shared machine it moves with the load, as the work does."""
+    work: on a shared machine it moves with the load, as the work does.
+
+    A ``(probe, probe)`` product is timed first: below ``slow`` FLOP/s the dtype has no fast kernel
+    here (bfloat16 on a CPU without AVX-512 bf16 or AMX: ~0.3 GFLOP/s, where one 2048^2 product would
+    take a minute), and the best of ``reps`` probe-sized products is returned instead."""
     import torch
 
     dt = getattr(torch, dtype)
+    p, q = torch.randn(probe, probe, dtype=dt), torch.randn(probe, probe, dtype=dt)
+    p @ q
+    t0 = time.perf_counter()
+    p @ q
+    if 2 * probe ** 3 / (time.perf_counter() - t0) < slow:
+        n = probe
     a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
     a @ b
     best = float("inf")
