@@ -83,6 +83,12 @@ TESTED_VERL = ("0.9.1", "0.10")
 #: its entropy metrics with the key); the sum modes name another reduction of the loss and are refused
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
 
+
+def _loss_agg_refusal(mode: str) -> str:
+    """The error for an ``actor.loss_agg_mode`` outside :data:`LOSS_AGG_MODES` (at start and in the loss)."""
+    return (f"actor_rollout_ref.actor.loss_agg_mode: loss mode gtpo reduces as GTPO (a token mean per completion, "
+            f"then a mean over completions); use one of {LOSS_AGG_MODES}, got {mode!r}")
+
 try:
     import verl
     import transfer_queue as tq
@@ -228,8 +234,7 @@ def check_verl_config(config) -> GTPOConfig:
          "which GTPO's loss does not have")
     agg = _select(config, "actor_rollout_ref.actor.loss_agg_mode", "token-mean")
     if agg not in LOSS_AGG_MODES:
-        raise ConfigError(f"actor_rollout_ref.actor.loss_agg_mode: loss mode gtpo reduces as GTPO (a token mean per "
-                          f"completion, then a mean over completions); use one of {LOSS_AGG_MODES}, got {agg!r}")
+        raise ConfigError(_loss_agg_refusal(agg))
     for path, why in (("actor_rollout_ref.actor.use_kl_loss", "GTPO drops the KL term and the reference model"),
                       ("algorithm.use_kl_in_reward", "GTPO drops the KL term and the reference model"),
                       ("algorithm.use_pf_ppo", "PF-PPO reweights the batch GTPO's groups come from"),
@@ -398,16 +403,15 @@ def compute_policy_loss_gtpo(old_log_prob: Tensor, log_prob: Tensor, advantages:
                              rollout_is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, Any]]:
     """verl's policy-loss signature (``actor_rollout_ref.actor.policy_loss.loss_mode=gtpo``): the PPO-clip surrogate
     of token-level ``advantages (B, T)`` without verl's dual clip, token mean per completion (for either of
-    :data:`LOSS_AGG_MODES`), divided by the mini-batch's row count ``config.global_batch_info["global_batch_size"]`` (verl's ``seq-mean-token-mean``) times
-    ``dp_size``; ``rollout_is_weights (B, T)`` multiply the per-token loss.
+    :data:`LOSS_AGG_MODES`), divided by the mini-batch's row count ``config.global_batch_info["global_batch_size"]``
+    (verl's ``seq-mean-token-mean``) times ``dp_size``; ``rollout_is_weights (B, T)`` multiply the per-token loss.
 
     It is ``POLICY_LOSSES["gtpo"]`` with each row's sign as its advantage and ``|advantages|`` as the token weights
     (the advantages :func:`gtpo_token_level_advantages` writes have one sign per row); a row whose advantages change
     sign (an estimator like GAE) is a ValueError.
     """
     if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"actor_rollout_ref.actor.loss_agg_mode: loss mode gtpo reduces as GTPO (a token mean per "
-                         f"completion, then a mean over completions); use one of {LOSS_AGG_MODES}, got {loss_agg_mode!r}")
+        raise ValueError(_loss_agg_refusal(loss_agg_mode))
     if config is None:
         raise ValueError("config: loss mode gtpo reads the clip range from verl's actor config, got None")
     mask = response_mask.bool()
