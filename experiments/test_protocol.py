@@ -585,3 +585,30 @@ def test_stress_models_compare_by_their_records():
     assert same_model(a, dict(a, build_seconds=850.0, build_cpu_seconds=300.0))
     assert not same_model(a, dict(a, error_rate_other=0.076))
     assert not same_model(a, None)
+
+
+def test_claim7c_blocks_branches_and_tuning_rule():
+    """Branch A continues claim7b (its arguments, no (arm, seed) it holds, reruns greedy only); branch B
+    reruns every arm; the tuning rule's choice and bracketing; the same-model test ignores build times."""
+    from experiments.protocol import claim7b, claim7c
+
+    a = claim7c.jobs("A")
+    assert len(a) == len(set(a)) and a[0] == ("final", "gtpo", claim7b.LR, 0)
+    finals = [(arm, s) for kind, arm, _, s in a if kind == "final"]
+    assert ("grpo", 0) not in finals and len(finals) == 7 + 10 + 30 + 20
+    assert claim7c.modes("A", "final", "grpo", 3) == ("greedy",) and claim7c.modes("A", "final", "gtpo", 0) == (
+        "sampled", "greedy")
+    assert claim7c.modes("B", "final", "grpo", 3) == claim7b.MODES
+    assert claim7c.modes("A", "tune", "grpo", 103) == ("validation",)
+    assert claim7c.argv_for("grpo_masks", claim7b.LR, 4) == claim7b.argv_for("grpo_masks", 4)
+    argv = claim7c.argv_for("grpo", 1.25e-5, 103)
+    assert argv[argv.index("--learning_rate") + 1] == "1.25e-05" and argv[argv.index("--seed") + 1] == "103"
+    tune = [(arm, lr, s) for kind, arm, lr, s in claim7c.jobs("A", (4,))]
+    assert len(tune) == 2 * (6 + 9) and ("grpo", 2.5e-5, 100) not in tune  # the first design's tuning run
+    b = claim7c.jobs("B")
+    assert len(b) == 16 * len(claim7b.ARMS) and b[:5] == [("final", arm, claim7b.LR, 0) for arm in claim7b.ARMS]
+    assert claim7c.chosen_rate({1e-5: [0.25, 0.25], 2e-5: [0.5, 0.0], 4e-5: [0.125]}) == (1e-5, False)  # tie: smaller
+    assert claim7c.chosen_rate({1e-5: [0.3], 2e-5: [0.35], 4e-5: [0.1]}) == (2e-5, True)
+    s = {"kind": "start", "heldout": {"pass@1": 0.263}, "build_seconds": 251.0}
+    assert claim7c.branch(s, dict(s, build_seconds=1943.0, build_cpu_seconds=1.0)) == "A"
+    assert claim7c.branch(s, dict(s, heldout={"pass@1": 0.27})) == "B"
