@@ -595,7 +595,7 @@ def test_claim7c_blocks_branches_and_tuning_rule():
     a = claim7c.jobs("A")
     assert len(a) == len(set(a)) and a[0] == ("final", "gtpo", claim7b.LR, 0)
     finals = [(arm, s) for kind, arm, _, s in a if kind == "final"]
-    assert ("grpo", 0) not in finals and len(finals) == 7 + 10 + 30 + 20
+    assert ("grpo", 0) not in finals and len(finals) == 7 + 10 + 30 + 20 + len(claim7c.jobs("A", (8,)))
     assert claim7c.modes("A", "final", "grpo", 3) == ("greedy",) and claim7c.modes("A", "final", "gtpo", 0) == (
         "sampled", "greedy")
     assert claim7c.modes("B", "final", "grpo", 3) == claim7b.MODES
@@ -605,6 +605,12 @@ def test_claim7c_blocks_branches_and_tuning_rule():
     assert argv[argv.index("--learning_rate") + 1] == "1.25e-05" and argv[argv.index("--seed") + 1] == "103"
     tune = [(arm, lr, s) for kind, arm, lr, s in claim7c.jobs("A", (4,))]
     assert len(tune) == 2 * (6 + 9) and ("grpo", 2.5e-5, 100) not in tune  # the first design's tuning run
+    assert len(claim7c.jobs("A", (6, 7))) == 3 * 3 * 6
+    six = {lr: [0.3] * 6 for lr in claim7c.RETUNE_LRS}
+    assert claim7c.retuned_jobs({"gtpo": {**six, 5e-5: [0.4] * 6}, "grpo": six}) == [
+        ("final", "grpo", 1.25e-5, s) for s in range(16)]  # GTPO at 5e-5 has finals; GRPO's tie goes to 1.25e-5
+    assert claim7c.retuned_jobs({"grpo": {**six, 1e-4: [0.3] * 5}}) == []  # grid unfinished
+    assert claim7c.modes("A", "final", "grpo", 3, 1.25e-5) == claim7b.MODES
     b = claim7c.jobs("B")
     assert len(b) == 16 * len(claim7b.ARMS) and b[:5] == [("final", arm, claim7b.LR, 0) for arm in claim7b.ARMS]
     assert claim7c.chosen_rate({1e-5: [0.25, 0.25], 2e-5: [0.5, 0.0], 4e-5: [0.125]}) == (1e-5, False)  # tie: smaller
@@ -612,3 +618,27 @@ def test_claim7c_blocks_branches_and_tuning_rule():
     s = {"kind": "start", "heldout": {"pass@1": 0.263}, "build_seconds": 251.0}
     assert claim7c.branch(s, dict(s, build_seconds=1943.0, build_cpu_seconds=1.0)) == "A"
     assert claim7c.branch(s, dict(s, heldout={"pass@1": 0.27})) == "B"
+
+
+def test_claim7c_tuning_joins_the_first_designs_seeds():
+    """Re-tuning: a grid counts as complete only with six seeds per rate (three from the first design's tuning
+    runs, three new), the rule then picks from all six, and an arm with no new tuning run is not shown."""
+    from experiments.protocol import claim7c
+    from experiments.protocol import report_attribution as ra
+
+    def tune(arm, lr, seed, p):
+        return {"kind": "tune", "arm": arm, "lr": lr, "seed": seed, "validation": {"metrics": {"pass@1": p}}}
+
+    runs = [tune("grpo", 1.25e-5, s, 0.30) for s in (*claim7c.OLD_TUNE_SEEDS, *claim7c.NEW_TUNE_SEEDS)]
+    res: dict = {}
+    ra.tuning(runs, res)
+    assert res["tuned"] == {}  # 2.5e-5 .. 1e-4 have only the first design's three seeds
+    runs += [tune("grpo", lr, s, 0.40 if lr == 2.5e-5 else 0.10) for lr in claim7c.RETUNE_LRS[1:]
+             for s in claim7c.NEW_TUNE_SEEDS]
+    text = ra.tuning(runs, res)
+    # means: 1.25e-5 30.0; 2.5e-5 (37.1 + 38.1 + 36.6 + 3 x 40) / 6 = 38.6; 5e-5 (40.8 + 31.9 + 27.4 + 3 x 10) / 6
+    # = 21.7; 1e-4 (33.8 + 29.8 + 26.3 + 3 x 10) / 6 = 20.0 -> 2.5e-5, inside the grid
+    assert res["tuned"] == {"grpo": (2.5e-5, True)}
+    assert "| GRPO | 2.5e-05 | 100, 101, 102, 103, 104, 105 | 37.1 / 38.1 / 36.6 / 40.0 / 40.0 / 40.0 | 38.6 | **chosen** |" in text
+    assert "GTPO (official preset) |" not in text
+    assert "No finals exist" not in text and res.get("tuned_cmp") is None  # GTPO not re-tuned: no comparison

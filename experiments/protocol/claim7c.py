@@ -44,13 +44,19 @@ claim 7's size costs about a minute and a half of one core, two runs at a time.
   5. seeds 12-15, as block 3;
   6. **bracketing the component arms**: GRPO + gamma, GTPO gamma 0 and GRPO + masks at 2.5e-5, 5e-5 and
      1e-4 on tuning seeds 100-102 (validation split).
+  7. *(amendment)* the component arms' grids on tuning seeds 103-105 as well (six seeds per rate, as GTPO's
+     and GRPO's);
+  8. *(amendment)* **finals at the re-tuned rates**: for official GTPO and GRPO, when block 4's rule chooses
+     a rate at which the first design has no finals (it has GTPO at 5e-5, GRPO at 2.5e-5 and 5e-5), that
+     arm at that rate on the final seeds 0-15, sampled and greedy (:func:`retuned_jobs`); none otherwise.
 
 * **Tuning rule** (:func:`chosen_rate`): an arm's rate is the one of its grid with the highest mean
-  validation pass@1 over its tuning seeds (ties: the smaller rate); the optimum is **bracketed** when it
-  is not the grid's lowest or highest rate. At the re-tuned rates of GTPO and GRPO the primary test of the
+  validation pass@1 over its tuning seeds (ties: the smaller rate; a component arm's over seeds 100-105
+  where block 7 finished, else 100-102); the optimum is **bracketed** when it is not the grid's lowest or
+  highest rate. At the re-tuned rates of GTPO and GRPO the primary test of the
   first design is repeated from its held-out finals where finals at both rates exist (16 paired seeds:
-  GTPO at 5e-5, GRPO at 2.5e-5 and 5e-5; the tuning uses only new validation runs, so the choice does not
-  look at the held-out results); otherwise it is reported as not run. Official GTPO minus GRPO, sampled
+  GTPO at 5e-5, GRPO at 2.5e-5 and 5e-5, with block 8's finals where it ran; the tuning uses only
+  validation runs, so the choice does not look at the held-out results); otherwise it is reported as not run. Official GTPO minus GRPO, sampled
   pass@1, Wilcoxon signed-rank (exact), two-sided alpha 0.05. A component arm whose optimum is not 5e-5 is
   stated as compared off its optimum in the attribution.
 * **Blocks, branch B** (:data:`ORDER_B`): 1. seeds 0-5 of every arm; 2. seeds 6-11; 3. seeds 12-15.
@@ -58,6 +64,11 @@ claim 7's size costs about a minute and a half of one core, two runs at a time.
   order (lock files; a job is run by one worker). No job starts after :data:`STOP_AT`; a job running then
   finishes. A block cut short is reported as far as it ran, each comparison on the seeds both of its arms
   finished, with its minimum detectable difference. Nothing is added after the runs are seen.
+* **Amendment (committed at about 11:58 UTC, after the first 16-18 runs of blocks 1 and 2 and before any later run; of their
+  results only the reproduction check was read: official GTPO seed 0 on this machine scored held-out pass@1
+  42.025 %, the first design's run of it 42.025 %).** Runs cost ~75 s of one core here, not the ~1.5 min
+  assumed, so blocks 1-6 end about an hour before :data:`STOP_AT`; blocks 7 and 8 are added after them, in
+  that order (the workers restart from a snapshot of this commit; done jobs stay done).
 
     python -m experiments.protocol.declare snapshot experiments/protocol/claim7c.py /work/snap-claim7c
     cd /work/snap-claim7c && python -m experiments.protocol.claim7c work &   # twice: two workers
@@ -107,7 +118,11 @@ ORDER_A: dict[int, list[Job]] = {
        + [("tune", a, lr, s) for a in RETUNE_ARMS for lr in RETUNE_LRS[1:] for s in NEW_TUNE_SEEDS],
     5: _finals((*COMPONENTS, "gtpo", "grpo"), range(12, 16)),
     6: [("tune", a, lr, s) for a in COMPONENTS for lr in COMPONENT_LRS for s in OLD_TUNE_SEEDS],
+    7: [("tune", a, lr, s) for a in COMPONENTS for lr in COMPONENT_LRS for s in NEW_TUNE_SEEDS],
 }
+#: the rates at which the first design ran finals (final and same-rate runs, seeds 0-15)
+FIRST_FINALS = {("gtpo", 5e-5), ("grpo", 2.5e-5), ("grpo", 5e-5)}
+FINAL_SEEDS = tuple(range(16))
 ORDER_B: dict[int, list[Job]] = {
     1: _finals(tuple(claim7b.ARMS), range(6)),
     2: _finals(tuple(claim7b.ARMS), range(6, 12)),
@@ -147,21 +162,55 @@ def order(br: str) -> dict[int, list[Job]]:
     return {"A": ORDER_A, "B": ORDER_B}[br]
 
 
-def jobs(br: str, blocks=None) -> list[Job]:
-    """The jobs of ``blocks`` (all by default) of branch ``br``'s order, in order, each once."""
-    od = order(br)
+def retuned_jobs(scores: dict[str, dict[float, list[float]]]) -> list[Job]:
+    """Block 8 from block 4's tuning: ``scores`` maps official GTPO and GRPO to {rate: validation pass@1 per
+    seed}; an arm whose grid is complete (six seeds per rate of RETUNE_LRS) and whose chosen rate has no
+    first-design finals gets finals at it on FINAL_SEEDS."""
     out: list[Job] = []
-    for b in sorted(od if blocks is None else blocks):
-        out += [j for j in od[b] if j not in out]
+    for arm in RETUNE_ARMS:
+        sc = scores.get(arm, {})
+        if all(len(sc.get(lr, [])) >= len(OLD_TUNE_SEEDS) + len(NEW_TUNE_SEEDS) for lr in RETUNE_LRS):
+            best, _ = chosen_rate({lr: sc[lr] for lr in RETUNE_LRS})
+            if (arm, best) not in FIRST_FINALS:
+                out += [("final", arm, best, s) for s in FINAL_SEEDS]
     return out
 
 
-def modes(br: str, kind: str, arm: str, seed: int) -> tuple[str, ...]:
+def tuning_scores(arms=RETUNE_ARMS, grid=RETUNE_LRS) -> dict[str, dict[float, list[float]]]:
+    """{arm: {rate: validation pass@1 per seed}}: the first design's tuning runs and this design's finished ones."""
+    out: dict = {a: {lr: {} for lr in grid} for a in arms}
+    if os.path.isfile(FIRST_DATA):
+        for r in read_jsonl_gz(FIRST_DATA):
+            if r["kind"] == "tune" and r["arm"] in out and r["lr"] in out[r["arm"]]:
+                out[r["arm"]][r["lr"]][r["seed"]] = r["metrics"]["pass@1"]
+    for a in arms:
+        for lr in grid:
+            for s in (*OLD_TUNE_SEEDS, *NEW_TUNE_SEEDS):
+                f = _eval_file(run_dir("tune", a, lr, s), "validation")
+                if os.path.isfile(f):
+                    out[a][lr][s] = json.load(open(f))["metrics"]["pass@1"]
+    return {a: {lr: [v[s] for s in sorted(v)] for lr, v in g.items()} for a, g in out.items()}
+
+
+def jobs(br: str, blocks=None) -> list[Job]:
+    """The jobs of ``blocks`` (all by default) of branch ``br``'s order, in order, each once; in branch A
+    block 8 (:func:`retuned_jobs`) follows, from the tuning finished so far."""
+    od = order(br)
+    out: list[Job] = []
+    for b in sorted(od if blocks is None else blocks):
+        out += [j for j in od.get(b, []) if j not in out]
+    if br == "A" and (blocks is None or 8 in blocks):
+        out += [j for j in retuned_jobs(tuning_scores()) if j not in out]
+    return out
+
+
+def modes(br: str, kind: str, arm: str, seed: int, lr: float = LR) -> tuple[str, ...]:
     """The evaluations of a job: tuning runs on the validation split (sampled); in branch A the finals follow
-    claim7b's rule (official GTPO and GRPO greedy only, except seed 0); in branch B every final both."""
+    claim7b's rule at its rate (official GTPO and GRPO greedy only, except seed 0); block 8's finals and
+    branch B's every final both."""
     if kind == "tune":
         return ("validation",)
-    return claim7b.modes(arm, seed) if br == "A" else claim7b.MODES
+    return claim7b.modes(arm, seed) if br == "A" and lr == LR else claim7b.MODES
 
 
 # ------------------------------------------------------------------ runs
@@ -183,7 +232,7 @@ def _eval_file(d: str, mode: str) -> str:
 def done(br: str, job: Job) -> bool:
     kind, arm, lr, seed = job
     d = run_dir(kind, arm, lr, seed)
-    return all(os.path.isfile(_eval_file(d, m)) for m in modes(br, kind, arm, seed))
+    return all(os.path.isfile(_eval_file(d, m)) for m in modes(br, kind, arm, seed, lr))
 
 
 def run_job(br: str, job: Job) -> None:
@@ -201,7 +250,7 @@ def run_job(br: str, job: Job) -> None:
     if run_status(d) != "done":
         execute(argv_for(arm, lr, seed), d, f"claim7c {kind} {arm} lr {lr:g} seed {seed}")
     summary = json.load(open(os.path.join(d, "summary.json")))
-    for mode in modes(br, kind, arm, seed):
+    for mode in modes(br, kind, arm, seed, lr):
         if os.path.isfile(_eval_file(d, mode)):
             continue
         if "stopped" in summary:  # ended itself on non-finite updates: scored as nothing learned
@@ -238,25 +287,30 @@ def _take(lock: str) -> bool:
 
 def work(blocks=None, now=time.time) -> None:
     """One worker: run (or resume) the jobs of ``blocks`` in the declared order, skipping those done or taken by
-    another worker, starting none after :data:`STOP_AT` (or when a STOP file exists)."""
+    another worker, starting none after :data:`STOP_AT` (or when a STOP file exists). The job list is read
+    again after every job (block 8 depends on block 4's tuning)."""
     from .claim7 import START, build
 
     build()
     br = branch(json.load(open(os.path.join(START, "start.json"))), first_start())
-    for job in jobs(br, blocks):
-        if done(br, job):
-            continue
-        if now() >= STOP_AT or os.path.exists(os.path.join(C7C_RUNS, "STOP")):
-            return
-        d = run_dir(*job)
-        os.makedirs(os.path.dirname(d), exist_ok=True)
-        lock = d + ".lock"
-        if not _take(lock):
-            continue
-        try:
-            run_job(br, job)
-        finally:
-            os.remove(lock)
+    while True:
+        for job in jobs(br, blocks):
+            if done(br, job):
+                continue
+            if now() >= STOP_AT or os.path.exists(os.path.join(C7C_RUNS, "STOP")):
+                return
+            d = run_dir(*job)
+            os.makedirs(os.path.dirname(d), exist_ok=True)
+            lock = d + ".lock"
+            if not _take(lock):
+                continue
+            try:
+                run_job(br, job)
+            finally:
+                os.remove(lock)
+            break
+        else:
+            return  # every job done or taken by another worker
 
 
 def export(out: str = DATA_FILE) -> str:
@@ -283,11 +337,13 @@ def export(out: str = DATA_FILE) -> str:
         rec = {"kind": kind, "arm": arm, "lr": lr, "seed": seed, "argv": timing["argv"],
                **json.load(open(os.path.join(d, "declared.json"))), "timing": timing,
                "steps": [{k: m[k] for k in keep if k in m} for m in step_metrics(d)]}
-        for mode in modes(br, kind, arm, seed):
+        for mode in modes(br, kind, arm, seed, lr):
             ev = json.load(open(_eval_file(d, mode)))
             rec[mode] = {"metrics": ev["metrics"], "per_problem": _per_problem(ev), "timing": ev.get("timing"),
                          "stopped": ev.get("stopped")}
         recs.append(rec)
+    listed = {(r["kind"], r["arm"], r["lr"], r["seed"]) for r in recs if r["kind"] != "start"}
+    recs += [r for j, r in kept.items() if j not in listed]  # committed runs of block 8 whose directories are gone
     write_jsonl_gz(out, recs)
     return out
 
