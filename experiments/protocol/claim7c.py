@@ -64,9 +64,10 @@ claim 7's size costs about a minute and a half of one core, two runs at a time.
   order (lock files; a job is run by one worker). No job starts after :data:`STOP_AT`; a job running then
   finishes. A block cut short is reported as far as it ran, each comparison on the seeds both of its arms
   finished, with its minimum detectable difference. Nothing is added after the runs are seen.
-* **Amendment (committed at about 11:58 UTC, after the first 16-18 runs of blocks 1 and 2 and before any later run; of their
-  results only the reproduction check was read: official GTPO seed 0 on this machine scored held-out pass@1
-  42.025 %, the first design's run of it 42.025 %).** Runs cost ~75 s of one core here, not the ~1.5 min
+* **Amendment (committed at 11:57 UTC, when 16 runs had finished, blocks 1 and 2 but for GRPO seed 5, and
+  two were running, GRPO seed 5 and GRPO + gamma seed 6; before any run of the added blocks; of the finished
+  runs' results only the reproduction check was read: official GTPO seed 0 on this machine scored held-out
+  pass@1 42.025 %, the first design's run of it 42.025 %).** Runs cost ~75 s of one core here, not the ~1.5 min
   assumed, so blocks 1-6 end about an hour before :data:`STOP_AT`; blocks 7 and 8 are added after them, in
   that order (the workers restart from a snapshot of this commit; done jobs stay done).
 
