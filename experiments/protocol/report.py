@@ -1188,6 +1188,14 @@ def _new_design_rows(c7b_res: dict, opt_res: dict) -> list[list[str]]:
                      "; ".join(f"{claim7b.LABELS[a]}: {sum(1 for e in per[a].values() if e['own'])} run(s)"
                                for a in claim7b.ARMS if a in per) + f". {describe(c7b_res['check'])}",
                      f"`experiments/data/{os.path.relpath(claim7b.DATA_FILE, DATA)}`"])
+    if c7b_res.get("check_c"):
+        from . import claim7c
+
+        runs = [e for es in c7b_res["final"].values() for e in es.values() if e["own"]]
+        rows.append(["claim 7 attribution continued (issue 32 item 1; declared, checked)",
+                     f"branch {c7b_res.get('branch_c')}; {c7b_res['check_c']['n']} runs ({len(runs)} final runs of both "
+                     f"designs pooled). {describe(c7b_res['check_c'])}",
+                     f"`experiments/data/{os.path.relpath(claim7c.DATA_FILE, DATA)}`"])
     if opt_res:
         n_p, n_m = len(opt_res.get("pilot", [])), len(opt_res.get("main", []))
         rows.append(["claim 2 under the released optimiser (issue 32 item 2; declared, checked)",

@@ -1,5 +1,6 @@
-"""docs/results.md's section on the claim-7 attribution design (:mod:`experiments.protocol.claim7b`), with its
-verdict generated from the data by the rule declared in ``claim7b.attribution``."""
+"""docs/results.md's section on the claim-7 attribution design (:mod:`experiments.protocol.claim7b`) and its
+continuation (:mod:`experiments.protocol.claim7c`), with the verdict generated from the data by the rule
+declared in ``claim7b.attribution`` and the tuning rule of ``claim7c.chosen_rate``."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import os
 import statistics
 from collections import defaultdict
 
-from . import claim7b, stats
+from . import claim7b, claim7c, stats
 from .common import DATA, read_jsonl_gz
 from .declare import check_runs, describe
 from .report import fmt_p, mean_sd, pct, table
 
 DATA_NAME = os.path.relpath(claim7b.DATA_FILE, DATA)
+DATA_NAME_C = os.path.relpath(claim7c.DATA_FILE, DATA)
 METRICS = (("sampled", "pass@1", "sampled pass@1"), ("greedy", "pass@1", "greedy pass@1"),
            ("sampled", "pass@8", "pass@8"), ("sampled", "maj@8", "maj@8"))
 
@@ -21,6 +23,14 @@ def load() -> tuple[dict | None, list[dict]]:
     if not os.path.isfile(claim7b.DATA_FILE):
         return None, []
     recs = read_jsonl_gz(claim7b.DATA_FILE)
+    return next((r for r in recs if r["kind"] == "start"), None), [r for r in recs if r["kind"] != "start"]
+
+
+def load_c() -> tuple[dict | None, list[dict]]:
+    """The continuation's start record and runs (``claim7c.jsonl.gz``)."""
+    if not os.path.isfile(claim7c.DATA_FILE):
+        return None, []
+    recs = read_jsonl_gz(claim7c.DATA_FILE)
     return next((r for r in recs if r["kind"] == "start"), None), [r for r in recs if r["kind"] != "start"]
 
 
@@ -65,61 +75,24 @@ def paired(per_seed: dict, a: str, b: str, mode: str, metric: str) -> dict | Non
             "mdd": mdd, "higher": sum(d > 0 for d in diffs)}
 
 
-def section() -> tuple[str, dict]:
-    start, runs = load()
-    if not runs:
-        return "", {}
-    res: dict = {"check": check_runs(runs, DATA_NAME)}
-    out = [f"**Declared before it ran:** {describe(res['check'])}.\n"]
-    first = _first_start()
-    if start:
-        ho = start["heldout"]
-        line = (f"**The start model** (rebuilt by `claim7.build` in this session): validation pass@1 "
-                f"{pct(start['kept_validation']['pass@1'])} % after chunk {start['kept_chunk']}; held-out pass@1 "
-                f"{pct(ho['pass@1'])} %, pass@8 {pct(ho['pass@8'])} %, maj@8 {pct(ho['maj@8'])} %")
-        res["same_start"] = same = bool(first) and {k: v for k, v in start.items() if "seconds" not in k} == {
-            k: v for k, v in first.items() if "seconds" not in k}
-        if first:
-            fh = first["heldout"]
-            line += (f"; the first design's: chunk {first['kept_chunk']}, {pct(fh['pass@1'])} / {pct(fh['pass@8'])} / "
-                     f"{pct(fh['maj@8'])} %. "
-                     + ("The two start records are equal in every measured value, held-out per-problem scores included: "
-                        "the same model" if same else "The records differ: another model; the designs are replicates, "
-                        "never pooled"))
-        out.append(line + ".\n")
-    out.append(blocks_run(runs) + "\n")
-    per_seed = entries(runs, res.get("same_start", False))
-    arms = [a for a in claim7b.ARMS if a in per_seed]
-    out.append(f"**Runs:** every arm at learning rate {claim7b.LR:g}; sampled metrics of "
-               + " and ".join(claim7b.LABELS[a] for a in claim7b.RERUN) + " from the first design's runs of the same "
-               "seeds (see the amendment), greedy pass@1 from their reruns. Seeds with each evaluation: "
-               + "; ".join(f"{claim7b.LABELS[a]}: sampled {_seeds(per_seed[a], 'sampled')}, greedy "
-                           f"{_seeds(per_seed[a], 'greedy')}" for a in arms) + ".\n")
-    frows = []
-    for arm in arms:
-        es = [per_seed[arm][s] for s in sorted(per_seed[arm])]
-        sm = [e["sampled"] for e in es if e["sampled"]]
-        gr = [e["greedy"] for e in es if e["greedy"]]
-        own = [e for e in es if e["own"]]
-        frows.append([claim7b.LABELS[arm], f"{claim7b.LR:g}", f"{len(sm)} / {len(gr)}",
-                      mean_sd([100 * m["pass@1"] for m in sm]), mean_sd([100 * m["pass@1"] for m in gr]),
-                      mean_sd([100 * m["pass@8"] for m in sm]), mean_sd([100 * m["maj@8"] for m in sm]),
-                      mean_sd([100 * m.get("format_rate", float("nan")) for m in sm]),
-                      mean_sd([statistics.mean(x["entropy/mean"] for x in e["steps"][-15:]) for e in own]),
-                      mean_sd([100 * statistics.mean(x.get("gtpo/filtered_frac", 0.0) for x in e["steps"]) for e in own]),
-                      mean_sd([statistics.mean(x["kl/new_old"] for x in e["steps"] if "kl/new_old" in x) for e in own])])
-    res["final"] = per_seed
-    if frows:
-        if start:
-            ho = start["heldout"]
-            frows.insert(0, ["start model", "—", "—", pct(ho["pass@1"]), "—", pct(ho["pass@8"]), pct(ho["maj@8"]),
-                             pct(ho.get("format_rate", float("nan"))), "—", "—", "—"])
-        out.append("**Held-out** (500 problems; sampled: 8 samples at temperature 1; greedy: one completion at "
-                   "temperature 0; answers from the `<answer>` tag; entropy, filtered fraction and KL from this design's "
-                   "own runs):\n")
-        out.append(table(["arm", "learning rate", "seeds sampled / greedy", "sampled pass@1 %", "greedy pass@1 %",
-                          "pass@8 %", "maj@8 %", "format rate %", "token entropy, last 10 %", "filtered %",
-                          "KL(π_new‖π_old) per step"], frows) + "\n")
+def _start_line(start: dict, first: dict | None, where: str) -> tuple[str, bool]:
+    ho = start["heldout"]
+    line = (f"**The start model** (rebuilt by `claim7.build` {where}): validation pass@1 "
+            f"{pct(start['kept_validation']['pass@1'])} % after chunk {start['kept_chunk']}; held-out pass@1 "
+            f"{pct(ho['pass@1'])} %, pass@8 {pct(ho['pass@8'])} %, maj@8 {pct(ho['maj@8'])} %")
+    same = bool(first) and claim7c.branch(start, first) == "A"
+    if first:
+        fh = first["heldout"]
+        line += (f"; the first design's: chunk {first['kept_chunk']}, {pct(fh['pass@1'])} / {pct(fh['pass@8'])} / "
+                 f"{pct(fh['maj@8'])} %. "
+                 + ("The two start records are equal in every measured value, held-out per-problem scores included: "
+                    "the same model" if same else "The records differ: another model; the designs are replicates, "
+                    "never pooled"))
+    return line + ".\n", same
+
+
+def _compare(per_seed: dict, res: dict) -> list[list]:
+    """The rows of the paired-comparison table (every primary comparison, every metric); fills ``res``."""
     crows = []
     for a, b in claim7b.PRIMARY:
         for mode, metric, name in METRICS:
@@ -132,22 +105,216 @@ def section() -> tuple[str, dict]:
             crows.append([f"{claim7b.LABELS[a]} − {claim7b.LABELS[b]}", name, len(c["seeds"]), f"{100 * c['mean']:+.2f}",
                           f"{c['higher']} of {len(c['seeds'])}", f"W+ = {w['w_plus']:.0f}, p = {fmt_p(w['p'])}{mark}",
                           f"t = {c['t']['t']:.2f}, p = {fmt_p(c['t']['p'])}", f"{100 * c['mdd']:.2f}"])
+    return crows
+
+
+def _final_rows(per_seed: dict, start: dict | None) -> list[list]:
+    frows = []
+    for arm in [a for a in claim7b.ARMS if a in per_seed]:
+        es = [per_seed[arm][s] for s in sorted(per_seed[arm])]
+        sm = [e["sampled"] for e in es if e["sampled"]]
+        gr = [e["greedy"] for e in es if e["greedy"]]
+        own = [e for e in es if e["own"]]
+        frows.append([claim7b.LABELS[arm], f"{claim7b.LR:g}", f"{len(sm)} / {len(gr)}",
+                      mean_sd([100 * m["pass@1"] for m in sm]), mean_sd([100 * m["pass@1"] for m in gr]),
+                      mean_sd([100 * m["pass@8"] for m in sm]), mean_sd([100 * m["maj@8"] for m in sm]),
+                      mean_sd([100 * m.get("format_rate", float("nan")) for m in sm]),
+                      mean_sd([statistics.mean(x["entropy/mean"] for x in e["steps"][-15:]) for e in own]),
+                      mean_sd([100 * statistics.mean(x.get("gtpo/filtered_frac", 0.0) for x in e["steps"]) for e in own]),
+                      mean_sd([statistics.mean(x["kl/new_old"] for x in e["steps"] if "kl/new_old" in x) for e in own])])
+    if frows and start:
+        ho = start["heldout"]
+        frows.insert(0, ["start model", "—", "—", pct(ho["pass@1"]), "—", pct(ho["pass@8"]), pct(ho["maj@8"]),
+                         pct(ho.get("format_rate", float("nan"))), "—", "—", "—"])
+    return frows
+
+
+FINAL_HEADER = ["arm", "learning rate", "seeds sampled / greedy", "sampled pass@1 %", "greedy pass@1 %", "pass@8 %",
+                "maj@8 %", "format rate %", "token entropy, last 10 %", "filtered %", "KL(π_new‖π_old) per step"]
+COMPARE_HEADER = ["difference (points)", "metric", "paired seeds", "mean", "seeds higher", "Wilcoxon signed-rank",
+                  "paired t", "MDD (80 % power, points)"]
+
+
+def _analysis(per_seed: dict, start: dict | None, res: dict, out: list[str], own_text: str) -> None:
+    """The held-out table, the paired comparisons, the entropy correlation and the verdict of ``per_seed``."""
+    frows = _final_rows(per_seed, start)
+    if frows:
+        out.append("**Held-out** (500 problems; sampled: 8 samples at temperature 1; greedy: one completion at "
+                   f"temperature 0; answers from the `<answer>` tag; entropy, filtered fraction and KL from {own_text}):\n")
+        out.append(table(FINAL_HEADER, frows) + "\n")
+    crows = _compare(per_seed, res)
     if crows:
         out.append(f"**Paired comparisons** (final seeds; primary: sampled pass@1, Bonferroni over the "
                    f"{len(claim7b.PRIMARY)} primary comparisons, p < {claim7b.ALPHA:.4f}):\n")
-        out.append(table(["difference (points)", "metric", "paired seeds", "mean", "seeds higher", "Wilcoxon signed-rank",
-                          "paired t", "MDD (80 % power, points)"], crows) + "\n")
-    if res.get("same_start"):
-        out.append(reproduction(runs, res) + "\n")
+        out.append(table(COMPARE_HEADER, crows) + "\n")
     finals = [e for es in per_seed.values() for e in es.values() if e["sampled"] and e["steps"]]
     if len(finals) >= 5:
         rho = stats.spearman([statistics.mean(x["entropy/mean"] for x in e["steps"][-15:]) for e in finals],
                              [e["sampled"]["pass@1"] for e in finals])
         res["entropy_rho"] = rho
-        out.append(f"Across the {len(finals)} runs with sampled metrics, final token entropy and sampled pass@1: Spearman ρ = "
-                   f"{rho['rho']:+.2f} (p = {fmt_p(rho['p'])}).\n")
+        res["n_entropy"] = len(finals)
+
+
+def section() -> tuple[str, dict]:
+    start, runs = load()
+    if not runs:
+        return "", {}
+    res: dict = {"check": check_runs(runs, DATA_NAME)}
+    out = [f"**Declared before it ran:** {describe(res['check'])}.\n"]
+    first = _first_start()
+    if start:
+        line, res["same_start"] = _start_line(start, first, "in this session")
+        out.append(line)
+    out.append(blocks_run(runs) + "\n")
+    cstart, cruns = load_c()
+    res["branch_c"] = br = claim7c.branch(cstart, first) if cstart and cruns and first else None
+    pooled = runs + ([r for r in cruns if r["kind"] == "final" and r["lr"] == claim7b.LR]
+                     if br == "A" and res.get("same_start") else [])
+    per_seed = entries(pooled, res.get("same_start", False))
+    res["final"] = per_seed
+    arms = [a for a in claim7b.ARMS if a in per_seed]
+    cont = (" Runs of the continuation (`claim7c`, below: the same model on a second machine) are pooled by its "
+            "declared rule: each (arm, seed) once." if br == "A" else "")
+    out.append(f"**Runs:** every arm at learning rate {claim7b.LR:g}; sampled metrics of "
+               + " and ".join(claim7b.LABELS[a] for a in claim7b.RERUN) + " from the first design's runs of the same "
+               "seeds (see the amendment), greedy pass@1 from their reruns." + cont + " Seeds with each evaluation: "
+               + "; ".join(f"{claim7b.LABELS[a]}: sampled {_seeds(per_seed[a], 'sampled')}, greedy "
+                           f"{_seeds(per_seed[a], 'greedy')}" for a in arms) + ".\n")
+    _analysis(per_seed, start, res, out, "the runs of this design" + (" and its continuation" if br == "A" else ""))
+    if res.get("same_start"):
+        rep = reproduction(runs, res)
+        if rep:
+            out.append(rep + "\n")
+    if "entropy_rho" in res:
+        out.append(f"Across the {res['n_entropy']} runs with sampled metrics, final token entropy and sampled pass@1: "
+                   f"Spearman ρ = {res['entropy_rho']['rho']:+.2f} (p = {fmt_p(res['entropy_rho']['p'])}).\n")
+    if cruns:
+        out.append(continuation(cstart, cruns, first, res))
     res["verdict"] = verdict(res)
     return "\n".join(out), res
+
+
+def continuation(cstart: dict | None, cruns: list[dict], first: dict | None, res: dict) -> str:
+    """The continuation's own paragraphs: declaration, start model, blocks, reproduction, tuning (and, in branch
+    B, its analysis as replicate c)."""
+    res["check_c"] = check_runs(cruns, DATA_NAME_C)
+    out = ["#### Continued on a second machine (`claim7c`)\n", design_c(),
+           f"**Declared before it ran:** {describe(res['check_c'])}.\n"]
+    br = res.get("branch_c")
+    if cstart:
+        line, _ = _start_line(cstart, first, "on this machine")
+        out.append(line)
+    out.append(blocks_run_c(cruns, br) + "\n")
+    if br == "A":
+        rep = reproduction([r for r in cruns if r["kind"] == "final" and r["lr"] == claim7b.LR], res, machine=True)
+        if rep:
+            out.append(rep + "\n")
+        out.append(tuning(cruns, res))
+    elif br == "B":
+        rc: dict = {}
+        per = entries([r for r in cruns if r["kind"] == "final"], False)
+        _analysis(per, cstart, rc, out, "these runs")
+        res["replicate_c"] = rc
+    return "\n".join(out)
+
+
+def design_c() -> str:
+    doc = claim7c.__doc__
+    body = doc[doc.index("**Design"):].split("\n\n    python")[0]
+    return body.replace(":data:", "").replace(":func:", "").replace(":mod:", "").replace("``", "`") + "\n"
+
+
+def blocks_run_c(cruns: list[dict], br: str | None) -> str:
+    if br is None:
+        return ""
+    have = {(r["kind"], r["arm"], r["lr"], r["seed"]) for r in cruns}
+    parts = []
+    for b, jobs in claim7c.order(br).items():
+        n = sum(j in have for j in jobs)
+        parts.append(f"block {b}: {n} of {len(jobs)} runs" + (" (complete)" if n == len(jobs) else ""))
+    if br == "A":  # block 8: finals at a re-tuned rate without first-design finals, from the tuning in the data
+        sc = _scores(cruns, claim7c.RETUNE_ARMS, claim7c.RETUNE_LRS)
+        want = claim7c.retuned_jobs({a: {lr: list(v.values()) for lr, v in g.items()} for a, g in sc.items()})
+        n = sum(j in have for j in want)
+        parts.append(f"block 8: {n} of {len(want)} runs" + (" (complete)" if n == len(want) and want else "")
+                     + ("" if want else " (none due, or block 4 unfinished)"))
+    return f"**Blocks run** (branch {br}): {'; '.join(parts)}. " + claim7c.ENDED
+
+
+def _scores(cruns: list[dict], arms, grid) -> dict:
+    """``{arm: {lr: {seed: validation pass@1}}}`` from the first design's tuning runs and this design's."""
+    out = {a: {lr: {} for lr in grid} for a in arms}
+    for r in read_jsonl_gz(os.path.join(DATA, "claim7.jsonl.gz")):
+        if r["kind"] == "tune" and r["arm"] in out and r["lr"] in out[r["arm"]]:
+            out[r["arm"]][r["lr"]][r["seed"]] = r["metrics"]["pass@1"]
+    for r in cruns:
+        if r["kind"] == "tune" and r["arm"] in out and r["lr"] in out[r["arm"]]:
+            out[r["arm"]][r["lr"]][r["seed"]] = r["validation"]["metrics"]["pass@1"]
+    return out
+
+
+def _first_finals(cruns: list[dict] = ()) -> dict:
+    """``{(arm, lr): {seed: held-out pass@1}}`` of the first design's final and same-rate runs and of the
+    continuation's block 8 (finals at a re-tuned rate)."""
+    out: dict = defaultdict(dict)
+    for r in read_jsonl_gz(os.path.join(DATA, "claim7.jsonl.gz")):
+        if r["kind"] in ("final", "samelr"):
+            out[(r["arm"], r["lr"])][r["seed"]] = r["metrics"]["pass@1"]
+    for r in cruns:
+        if r["kind"] == "final" and r["lr"] != claim7b.LR and r.get("sampled"):
+            out[(r["arm"], r["lr"])][r["seed"]] = r["sampled"]["metrics"]["pass@1"]
+    return out
+
+
+def tuning(cruns: list[dict], res: dict) -> str:
+    """Blocks 4 and 6: each arm's validation scores per rate, the rate chosen by the declared rule where the grid
+    is complete, whether it is bracketed; at GTPO's and GRPO's re-tuned rates the first design's primary test."""
+    need = {**{a: (claim7c.RETUNE_LRS, 6) for a in claim7c.RETUNE_ARMS},
+            **{a: (claim7c.COMPONENT_LRS, 3) for a in claim7c.COMPONENTS}}
+    sc = {**_scores(cruns, claim7c.RETUNE_ARMS, claim7c.RETUNE_LRS),
+          **_scores(cruns, claim7c.COMPONENTS, claim7c.COMPONENT_LRS)}
+    rows, chosen = [], {}
+    for arm, (grid, n) in need.items():
+        if not any(r["kind"] == "tune" and r["arm"] == arm for r in cruns):
+            continue  # nothing of this design's tuning for the arm yet
+        if arm in claim7c.COMPONENTS and not all(len(sc[arm][lr]) >= 6 for lr in grid):
+            # block 7 unfinished: the rule reads seeds 100-102 only (the declaration)
+            sc[arm] = {lr: {k: v for k, v in sc[arm][lr].items() if k in claim7c.OLD_TUNE_SEEDS} for lr in grid}
+        complete = all(len(sc[arm][lr]) >= n for lr in grid)
+        if complete:
+            chosen[arm] = claim7c.chosen_rate({lr: list(sc[arm][lr].values()) for lr in grid})
+        for lr in grid:
+            v = sc[arm][lr]
+            rows.append([claim7b.LABELS[arm], f"{lr:g}", ", ".join(map(str, sorted(v))) or "—",
+                         " / ".join(pct(v[s]) for s in sorted(v)) or "—",
+                         pct(statistics.mean(v.values())) if v else "—",
+                         ("**chosen**" + ("" if chosen[arm][1] else " (grid edge: not bracketed)"))
+                         if complete and chosen[arm][0] == lr else ("grid incomplete" if not complete else "")])
+    res["tuned"] = chosen
+    if not rows:
+        return ""
+    out = ["**Re-tuning** (validation split, 200 problems x 8 samples at temperature 1; the first design's tuning "
+           "seeds 100-102 and this design's 103-105, for the component arms 100-102 unless block 7 finished; the rate "
+           "is the grid's highest mean, ties to the smaller):\n",
+           table(["arm", "learning rate", "tuning seeds", "validation pass@1 % per seed", "mean %", "rule"], rows) + "\n"]
+    if "gtpo" in chosen and "grpo" in chosen:
+        fin = _first_finals(cruns)
+        a, b = fin.get(("gtpo", chosen["gtpo"][0]), {}), fin.get(("grpo", chosen["grpo"][0]), {})
+        shared = sorted(set(a) & set(b))
+        if len(shared) >= 3:
+            diffs = [a[s] - b[s] for s in shared]
+            t = stats.paired_t(diffs)
+            res["tuned_cmp"] = c = {"mean": statistics.mean(diffs), "wilcoxon": stats.wilcoxon_signed_rank(diffs),
+                                    "n": len(shared), "mdd": stats.mdd_paired(t["sd"], len(shared))}
+            out.append(f"At the re-tuned rates (GTPO {chosen['gtpo'][0]:g}, GRPO {chosen['grpo'][0]:g}), from the first "
+                       f"design's held-out finals: official GTPO minus GRPO {100 * c['mean']:+.2f} points of sampled "
+                       f"pass@1 on {c['n']} paired seeds (Wilcoxon W+ = {c['wilcoxon']['w_plus']:.0f}, "
+                       f"p = {fmt_p(c['wilcoxon']['p'])}; MDD {100 * c['mdd']:.1f}).\n")
+        else:
+            res["tuned_cmp"] = None
+            out.append(f"No finals exist at the re-tuned rates (GTPO {chosen['gtpo'][0]:g}, GRPO {chosen['grpo'][0]:g}); "
+                       "the comparison at them was not run.\n")
+    return "\n".join(out)
 
 
 def blocks_run(runs: list[dict]) -> str:
@@ -161,9 +328,10 @@ def blocks_run(runs: list[dict]) -> str:
         + claim7b.ENDED
 
 
-def reproduction(runs: list[dict], res: dict) -> str:
+def reproduction(runs: list[dict], res: dict, machine: bool = False) -> str:
     """The reruns of GTPO and GRPO at 5e-5 scored sampled (seed 0) against the first design's runs of the same
-    seed and rate: whether they reproduce the held-out pass@1 and every step's reward exactly."""
+    seed and rate: whether they reproduce the held-out pass@1 and every step's reward exactly (``machine``:
+    the continuation's, on another machine; where the rewards differ, the first step that differs)."""
     first = read_jsonl_gz(os.path.join(DATA, "claim7.jsonl.gz"))
     old = {("gtpo", r["seed"]): r for r in first if r["kind"] == "final" and r["arm"] == "gtpo" and r["lr"] == claim7b.LR}
     old.update({("grpo", r["seed"]): r for r in first if r["kind"] == "samelr" and r["arm"] == "grpo"
@@ -174,12 +342,15 @@ def reproduction(runs: list[dict], res: dict) -> str:
             o = old[(r["arm"], r["seed"])]
             same_steps = [x.get("reward/mean") for x in r["steps"]] == [x.get("reward/mean") for x in o["steps"]]
             same = r["sampled"]["metrics"]["pass@1"] == o["metrics"]["pass@1"]
-            res[("reproduced", r["arm"], r["seed"])] = same and same_steps
+            res[("reproduced_machine" if machine else "reproduced", r["arm"], r["seed"])] = same and same_steps
+            fork = next((x.get("step") for x, y in zip(r["steps"], o["steps"]) if x.get("reward/mean") != y.get("reward/mean")),
+                        None)
             parts.append(f"{claim7b.LABELS[r['arm']]} seed {r['seed']}: held-out pass@1 {pct(r['sampled']['metrics']['pass@1'])} "
                          f"% against {pct(o['metrics']['pass@1'])} %, every step's mean reward "
-                         + ("equal" if same_steps else "different"))
-    return ("**Reproduction check** (same start model, seed and rate, the code of this design's commit): "
-            + "; ".join(parts) + ".") if parts else ""
+                         + ("equal" if same_steps else f"not: the first to differ is step {fork}"))
+    where = ("on this second machine against the first design's run" if machine else
+             "the code of this design's commit")
+    return (f"**Reproduction check** (same start model, seed and rate, {where}): " + "; ".join(parts) + ".") if parts else ""
 
 
 def verdict(res: dict) -> str:
@@ -213,6 +384,30 @@ def verdict(res: dict) -> str:
     if "entropy_rho" in res:
         text += (f" Final entropy and sampled pass@1 across the final runs: ρ = {res['entropy_rho']['rho']:+.2f} "
                  f"(p = {fmt_p(res['entropy_rho']['p'])}).")
-    text += (f" Every arm ran at one rate ({claim7b.LR:g}); the tuning that "
-             "would bracket each arm's own optimum was not run, so an arm whose optimum lies elsewhere is compared off it.")
+    text += " " + tuned_sentence(res)
     return text + "\n"
+
+
+def tuned_sentence(res: dict) -> str:
+    """What the re-tuning (claim7c blocks 4 and 6) says of the one-rate comparison, from the data."""
+    tuned = res.get("tuned") or {}
+    lr = f"{claim7b.LR:g}"
+    if not tuned:
+        return (f"Every arm ran at one rate ({lr}); the tuning that would bracket each arm's own optimum was not run, "
+                "so an arm whose optimum lies elsewhere is compared off it.")
+    parts = []
+    for arm, (best, bracketed) in tuned.items():
+        where = "bracketed" if bracketed else "at its grid's edge, not bracketed"
+        parts.append(f"{claim7b.LABELS[arm]} {best:g} ({where})")
+    text = "Re-tuned rates (the declared rule, validation split): " + "; ".join(parts) + "."
+    off = [claim7b.LABELS[a] for a, (best, _) in tuned.items() if best != claim7b.LR]
+    text += (f" Compared off their own optimum at {lr}: {', '.join(off)}." if off else
+             f" {lr} is the chosen rate of every re-tuned arm.")
+    missing = [claim7b.LABELS[a] for a in (*claim7c.RETUNE_ARMS, *claim7c.COMPONENTS) if a not in tuned]
+    if missing:
+        text += f" Not re-tuned (grid not finished): {', '.join(missing)}."
+    c = res.get("tuned_cmp")
+    if c:
+        text += (f" At GTPO's and GRPO's re-tuned rates, official GTPO minus GRPO {100 * c['mean']:+.2f} points of sampled "
+                 f"pass@1 on {c['n']} seeds (p = {fmt_p(c['wilcoxon']['p'])}, MDD {100 * c['mdd']:.1f}).")
+    return text
