@@ -130,7 +130,10 @@ ORDER_B: dict[int, list[Job]] = {
     3: _finals(tuple(claim7b.ARMS), range(12, 16)),
 }
 #: how the stopping rule ended the blocks (written after the runs; the design above is the declaration)
-ENDED = ""
+ENDED = ("The stopping rule ended the experiment at 13:40 UTC with 2 jobs of block 7 not started (GRPO + masks at "
+         "1e-4, tuning seeds 104 and 105); block 8 had no job due (block 4 chose rates at which the first design has "
+         "finals). Of the 149 runs, 18 ran from the first snapshot (`9aefe2e`: 16 finished before the amendment's "
+         "commit, 2 running at it), 131 from the amended one (`a98dd42`).")
 
 
 # ------------------------------------------------------------------ the branch
