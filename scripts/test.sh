@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 logs="$(mktemp -d)"
 pids=()
-trap 'for p in "${pids[@]}"; do pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done; true' EXIT
+trap 'for p in "${pids[@]}"; do pkill -P "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done' EXIT
 if [ "${SKIP_VLLM_TESTS:-0}" != 1 ]; then
   bash scripts/test-vllm.sh --install-only >"$logs/vllm.log" 2>&1 &
   vllm_pid=$!; pids+=("$vllm_pid")
