@@ -11,7 +11,7 @@ from collections import defaultdict
 from . import claim7b, claim7c, stats
 from .common import DATA, read_jsonl_gz
 from .declare import check_runs, describe
-from .report import fmt_p, mean_sd, pct, table
+from .report import _docstring_design, fmt_p, mean_sd, pct, table
 
 DATA_NAME = os.path.relpath(claim7b.DATA_FILE, DATA)
 DATA_NAME_C = os.path.relpath(claim7c.DATA_FILE, DATA)
@@ -198,7 +198,7 @@ def continuation(cstart: dict | None, cruns: list[dict], first: dict | None, res
     """The continuation's own paragraphs: declaration, start model, blocks, reproduction, tuning (and, in branch
     B, its analysis as replicate c)."""
     res["check_c"] = check_runs(cruns, DATA_NAME_C)
-    out = ["#### Continued on a second machine (`claim7c`)\n", design_c(),
+    out = ["#### Continued on a second machine (`claim7c`)\n", _docstring_design(claim7c),
            f"**Declared before it ran:** {describe(res['check_c'])}.\n"]
     br = res.get("branch_c")
     if cstart:
@@ -216,12 +216,6 @@ def continuation(cstart: dict | None, cruns: list[dict], first: dict | None, res
         _analysis(per, cstart, rc, out, "these runs")
         res["replicate_c"] = rc
     return "\n".join(out)
-
-
-def design_c() -> str:
-    doc = claim7c.__doc__
-    body = doc[doc.index("**Design"):].split("\n\n    python")[0]
-    return body.replace(":data:", "").replace(":func:", "").replace(":mod:", "").replace("``", "`") + "\n"
 
 
 def blocks_run_c(cruns: list[dict], br: str | None) -> str:
