@@ -83,12 +83,12 @@ N_MAIN = 3
 MAIN_SEEDS = tuple(range(12))
 
 
-def run_dir(phase: str, arm: str, factor: float, seed: int) -> str:
-    return os.path.join(OPT_RUNS, phase, arm, f"x{factor:g}", f"seed{seed}")
+def run_dir(phase: str, arm: str, factor: float, seed: int, rep: Replicate = REP) -> str:
+    return os.path.join(rep.runs, phase, arm, f"x{factor:g}", f"seed{seed}")
 
 
-def argv_for(arm: str, factor: float, seed: int) -> list[str]:
-    return ["experiments/configs/tiny.yaml", *ARMS[arm], "--model", os.path.relpath(os.path.join(REP.model, "model"), ROOT),
+def argv_for(arm: str, factor: float, seed: int, rep: Replicate = REP) -> list[str]:
+    return ["experiments/configs/tiny.yaml", *ARMS[arm], "--model", os.path.relpath(os.path.join(rep.model, "model"), ROOT),
             "--learning_rate", repr(BASE_LR * factor), "--seed", str(seed), "--max_steps", str(STEPS),
             "--eval_steps", "0", "--save_steps", "20", "--log_completions_steps", "10", "--log_policy_change", "true"]
 
@@ -137,44 +137,45 @@ def main_grid(outcomes: dict[float, list[bool]]) -> list[float]:
     return [float(f"{math.exp(math.log(lo) + i * step):.2g}") for i in range(N_MAIN)]
 
 
-def pilot_outcomes() -> dict[float, list[bool]]:
+def pilot_outcomes(rep: Replicate = REP) -> dict[float, list[bool]]:
     out: dict[float, list[bool]] = {}
-    base = os.path.join(OPT_RUNS, "pilot")
+    base = os.path.join(rep.runs, "pilot")
     for arm in ARMS:
         d_arm = os.path.join(base, arm)
         for name in os.listdir(d_arm) if os.path.isdir(d_arm) else []:
             f = float(name[1:])
             for s in PILOT_SEEDS:
-                c = collapsed(run_dir("pilot", arm, f, s))
+                c = collapsed(run_dir("pilot", arm, f, s, rep))
                 if c is not None:
                     out.setdefault(f, []).append(c)
     return out
 
 
-def jobs(phase: str = "all", seeds=MAIN_SEEDS) -> list[tuple[str, str, float, int]]:
+def jobs(phase: str = "all", seeds=MAIN_SEEDS, rep: Replicate = REP) -> list[tuple[str, str, float, int]]:
     """The runs to do now: the pilot (with its extensions), then (``phase`` "main" or "all") the main grid on
     ``seeds``; ``phase`` "pilot" stops after the pilot."""
-    outc = pilot_outcomes()
+    outc = pilot_outcomes(rep)
     fs = pilot_factors(outc)
     pilot = [("pilot", a, f, s) for f in fs for s in PILOT_SEEDS for a in ARMS]
-    todo = [j for j in pilot if collapsed(run_dir(*j)) is None]
+    todo = [j for j in pilot if collapsed(run_dir(*j, rep)) is None]
     if todo or phase == "pilot":
         return todo
     return [("main", a, f, s) for s in seeds for f in main_grid(outc) for a in ARMS]
 
 
-def run_job(phase: str, arm: str, factor: float, seed: int) -> None:
+def run_job(phase: str, arm: str, factor: float, seed: int, rep: Replicate = REP, module: str = MODULE) -> None:
+    """Run (or resume) one job on ``rep``'s model, its runs stamped with ``module``'s declaration."""
     from .declare import run_stamp
     from .stress import build, check_same_model
     from .tinyruns import execute
 
-    build(REP)
-    check_same_model(REP)
-    d = run_dir(phase, arm, factor, seed)
+    build(rep)
+    check_same_model(rep)
+    d = run_dir(phase, arm, factor, seed, rep)
     stamp = os.path.join(d, "declared.json")
     if not os.path.isfile(stamp):
-        write_json(stamp, run_stamp(MODULE))
-    execute(argv_for(arm, factor, seed), d, f"stress-opt {phase} {arm} x{factor:g} seed {seed}")
+        write_json(stamp, run_stamp(module))
+    execute(argv_for(arm, factor, seed, rep), d, f"stress-opt {rep.name} {phase} {arm} x{factor:g} seed {seed}")
 
 
 def work(phase: str = "all", seeds=MAIN_SEEDS) -> None:
@@ -185,27 +186,27 @@ def work(phase: str = "all", seeds=MAIN_SEEDS) -> None:
         run_job(*todo[0])
 
 
-def export(out: str = DATA_FILE) -> str:
+def export(out: str = DATA_FILE, rep: Replicate = REP) -> str:
     from .common import read_jsonl_gz
     from .tinyruns import run_status, step_metrics
 
     old = read_jsonl_gz(out) if os.path.isfile(out) else []
     kept = {(r["phase"], r["arm"], r["lr_factor"], r["seed"]): r for r in old if r["kind"] == "run"}
     recs = [r for r in old if r["kind"] == "start"][:1]
-    if not recs and os.path.isfile(os.path.join(REP.model, "start.json")):
-        recs.append({"kind": "start", **json.load(open(os.path.join(REP.model, "start.json")))})
+    if not recs and os.path.isfile(os.path.join(rep.model, "start.json")):
+        recs.append({"kind": "start", **json.load(open(os.path.join(rep.model, "start.json")))})
     keep = ("reward/mean", "entropy/mean", "reward/paper_format/mean", "reward/paper_accuracy/mean", "update_norm",
             "kl/new_old", "grad_norm", "lr", "frac_zero_std_groups", "gtpo/filtered_frac", "gtpo/conflict_frac",
             "completion_length/mean", "truncated_frac", "step_time_s", "step")
     seen = set()
     for phase in ("pilot", "main"):
         for arm in ARMS:
-            base = os.path.join(OPT_RUNS, phase, arm)
+            base = os.path.join(rep.runs, phase, arm)
             for name in sorted(os.listdir(base), key=lambda n: float(n[1:])) if os.path.isdir(base) else []:
                 f = float(name[1:])
                 for sname in sorted(os.listdir(os.path.join(base, name)), key=lambda n: int(n[4:])):
                     seed = int(sname[4:])
-                    d = run_dir(phase, arm, f, seed)
+                    d = run_dir(phase, arm, f, seed, rep)
                     if run_status(d) != "done":
                         continue
                     timing = json.load(open(os.path.join(d, "timing.json")))
