@@ -497,6 +497,68 @@ def test_stress_opt_pilot_and_main_grid():
         so.main_grid({f: none for f in so.PILOT_FACTORS})
 
 
+def test_stress_opt_c_workers_share_jobs_wait_and_stop(tmp_path, monkeypatch):
+    """Two workers take the declared jobs in order, one each (lock files); a worker waits while the only job
+    left runs in the other; none starts at or after the stop time."""
+    import os as _os
+
+    from experiments.protocol import stress_opt, stress_opt_c
+    from experiments.protocol.stress import Replicate
+
+    rep = Replicate("t", str(tmp_path / "model"), str(tmp_path / "runs"), str(tmp_path / "d.jsonl.gz"))
+    monkeypatch.setattr(stress_opt_c, "REP", rep)
+    due = [("pilot", "grpo", 10.0, 100), ("pilot", "gtpo_official", 10.0, 100)]
+    finished, ran, waits = set(), [], []
+    monkeypatch.setattr(stress_opt_c, "jobs", lambda: list(due))
+    monkeypatch.setattr(stress_opt_c, "_done", lambda job: job in finished)
+
+    def run_job(*job, rep, module):
+        assert module == stress_opt_c.MODULE and _os.path.isfile(stress_opt.run_dir(*job, rep) + ".lock")
+        ran.append(job)
+        finished.add(job)
+
+    monkeypatch.setattr(stress_opt, "run_job", run_job)
+    # the first job is running in another (live) worker: this one takes the second, then waits for the first
+    lock0 = stress_opt.run_dir(*due[0], rep) + ".lock"
+    _os.makedirs(_os.path.dirname(lock0))
+    open(lock0, "w").write(str(_os.getppid()))
+
+    def sleep(s):
+        waits.append(s)
+        finished.add(due[0])  # the other worker finishes
+
+    stress_opt_c.work(now=lambda: 0.0, sleep=sleep)
+    assert ran == [due[1]] and waits == [stress_opt_c.WAIT_S]
+    assert not _os.path.exists(stress_opt.run_dir(*due[1], rep) + ".lock")
+    # at the stop time nothing starts
+    finished.clear()
+    ran.clear()
+    _os.remove(lock0)
+    stress_opt_c.work(now=lambda: stress_opt_c.STOP_AT, sleep=sleep)
+    assert ran == []
+
+
+def test_released_optimiser_pooled_test_stratifies_by_model_and_rate():
+    """The pooled log-rank test compares runs only within (model, rate): a model where every run collapses at
+    step 5 and one where none does carry no signal between arms."""
+    from experiments.protocol import report_optimiser as ro
+
+    def o(arm, lr, seed, t):
+        return {"arm": arm, "lr": lr, "seed": seed, "collapsed": t < 40, "time": t}
+
+    res_b = {"main": [o(a, 10.0, s, 5) for a in ("grpo", "gtpo_official") for s in range(6)]}
+    res_c = {"main": [o(a, 10.0, s, 40) for a in ("grpo", "gtpo_official") for s in range(12)]}
+    pl = ro.pooled(res_b, res_c)
+    assert pl["seeds"] == {"b": 6, "c": 12} and pl["chi2"] == pytest.approx(0.0)
+    gi = pl["groups"].index("gtpo_official")
+    assert pl["observed"][gi] == 6 and pl["expected"][gi] == pytest.approx(6.0)
+    # GTPO later within each model: the pooled test sees it
+    res_c = {"main": [o("grpo", 10.0, s, 8) for s in range(12)] + [o("gtpo_official", 10.0, s, 30) for s in range(12)]}
+    pl = ro.pooled(res_b, res_c)
+    assert pl["p"] < 1e-4 and pl["observed"][gi] < pl["expected"][gi]
+    assert ro.pooled(res_b, {}) is None
+
+
 def test_declarations_are_checked():
     """A run that started before its declaration's commit is refused; so is one without a declaration."""
     from experiments.protocol import declare

@@ -1117,10 +1117,10 @@ def claim7b_design() -> str:
     return _docstring_design(claim7b)
 
 
-def stress_opt_design() -> str:
-    from . import stress_opt
+def stress_opt_design(which: str = "b") -> str:
+    from . import stress_opt, stress_opt_c
 
-    return _docstring_design(stress_opt)
+    return _docstring_design(stress_opt if which == "b" else stress_opt_c)
 
 
 def _item5_state(smol_res: dict, default_arm: str) -> str:
@@ -1176,9 +1176,9 @@ def _status_rows(onestep: dict, smol_res: dict, stress_res: dict, stress_b_res: 
     ]
 
 
-def _new_design_rows(c7b_res: dict, opt_res: dict) -> list[list[str]]:
+def _new_design_rows(c7b_res: dict, opt_res: dict, opt_c_res: dict) -> list[list[str]]:
     """Status rows of the designs declared before their runs (issue 32 items 1 and 2)."""
-    from . import claim7b, stress_opt
+    from . import claim7b, stress_opt, stress_opt_c
     from .declare import describe
 
     rows = []
@@ -1201,6 +1201,12 @@ def _new_design_rows(c7b_res: dict, opt_res: dict) -> list[list[str]]:
         rows.append(["claim 2 under the released optimiser (issue 32 item 2; declared, checked)",
                      f"pilot {n_p} runs, main grid {n_m} of {len(stress_opt.ARMS) * stress_opt.N_MAIN * len(stress_opt.MAIN_SEEDS)} "
                      f"runs. {describe(opt_res['check'])}", f"`experiments/data/{os.path.relpath(stress_opt.DATA_FILE, DATA)}`"])
+    if opt_c_res:
+        n_p, n_m = len(opt_c_res.get("pilot", [])), len(opt_c_res.get("main", []))
+        rows.append(["claim 2 under the released optimiser, replicate c (issue 32 item 2; declared, checked)",
+                     f"pilot {n_p} runs, main grid {n_m} of {len(stress_opt.ARMS) * stress_opt.N_MAIN * len(stress_opt.MAIN_SEEDS)} "
+                     f"runs. {describe(opt_c_res['check'])}",
+                     f"`experiments/data/{os.path.relpath(stress_opt_c.DATA_FILE, DATA)}`"])
     return rows
 
 
@@ -1215,12 +1221,15 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
 
     verdicts.check_hand_written()
     c7b_txt, c7b_res = report_attribution.section()
-    opt_txt, opt_res = report_optimiser.section()
+    opt_txt, opt_res = report_optimiser.section("b")
+    opt_c_txt, opt_c_res = report_optimiser.section("c")
+    if opt_c_res:
+        opt_c_res["pooled"] = report_optimiser.pooled(opt_res, opt_c_res)
     v1 = verdicts.claim1(one_res)
     v2 = verdicts.claim2(stress_res, stress_b_res, STRESS_LABELS)
     v7 = verdicts.claim7_first(c7_res, claim7.TUNE_LRS, c7b_res)
     v7b = c7b_res.get("verdict", "")
-    v2opt = opt_res.get("verdict", "")
+    v2opt = report_optimiser.claim_verdict(opt_res, opt_c_res)
     status = verdicts.status([("Claim 1", v1), ("Claim 2", v2), ("Claim 2 under the released optimiser", v2opt),
                               ("Claim 7, first design", v7), ("Claim 7, attribution", v7b)],
                              _item5_state(smol_res, default_arm))
@@ -1236,7 +1245,7 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
         "claims (see issue 16), are kept in [results-suite.md](results-suite.md).\n",
         "## Where the protocol stands\n",
         table(["protocol item", "state", "raw data"], _status_rows(onestep, smol_res, stress_res, stress_b_res, c7_res, default_arm)
-              + _new_design_rows(c7b_res, opt_res)) + "\n",
+              + _new_design_rows(c7b_res, opt_res, opt_c_res)) + "\n",
         status,
         "## Claim 1: GRPO pushes down tokens shared by positive and negative completions; GTPO protects them\n",
         v1,
@@ -1253,7 +1262,11 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
               VERDICTS.get("claim2_b", "") if stress_b_res else "", stress_b_txt if stress_b_res else "",
               f"![claim 2, stress grid, replicate b]({figs['stress_b']})\n" if figs.get("stress_b") else "",
               "### Under the released optimiser\n" if opt_res else "",
-              "\n".join((stress_opt_design(), v2opt, opt_txt)) if opt_res else "",
+              v2opt if opt_c_res else "",
+              "#### The first run: replicate b's model, 6 of 12 seeds\n" if opt_c_res and opt_res else "",
+              "\n".join((stress_opt_design("b"), opt_res.get("verdict", ""), opt_txt)) if opt_res else "",
+              "#### The design in full: replicate c\n" if opt_c_res else "",
+              "\n".join((stress_opt_design("c"), opt_c_res.get("verdict", ""), opt_c_txt)) if opt_c_res else "",
               "## Claim 7: GTPO reaches higher accuracy\n", v7, VERDICTS.get("claim7", ""), c7_txt,
               f"![claim 7, accuracy]({figs['claim7']})\n" if figs.get("claim7") else "",
               "### Attribution: which part of GTPO carries the gain\n" if c7b_res else "",

@@ -1,5 +1,7 @@
-"""docs/results.md's section on claim 2 under the released optimiser (:mod:`experiments.protocol.stress_opt`),
-with its verdict generated from the data."""
+"""docs/results.md's section on claim 2 under the released optimiser: the first run of the design on replicate
+b's model (:mod:`experiments.protocol.stress_opt`, 6 seeds) and the whole design on replicate c
+(:mod:`experiments.protocol.stress_opt_c`, 12 seeds), each with its verdict generated from its data, and the
+verdict of the claim (replicate c's primary test, the pooled test beside it)."""
 
 from __future__ import annotations
 
@@ -7,20 +9,27 @@ import math
 import os
 import statistics
 
-from . import claim7b, stats, stress_opt
+from . import claim7b, stats, stress_opt, stress_opt_c
 from .common import DATA, read_jsonl_gz
 from .declare import check_runs, describe
 from .report import (critical_lr, critical_lr_ci, critical_ratio_ci, fmt_p, load_stress, pct, stress_outcomes, table)
 
-DATA_NAME = os.path.relpath(stress_opt.DATA_FILE, DATA)
 LABELS = {"grpo": "GRPO, released optimiser", "gtpo_official": "GTPO (official), released optimiser"}
 REF, ARM = "grpo", "gtpo_official"
 
 
-def load() -> tuple[dict | None, list[dict]]:
-    if not os.path.isfile(stress_opt.DATA_FILE):
+#: the two data files of the design: the experiment module, the model's description, how its runs ended
+FILES = {
+    "b": (stress_opt, "replicate b's recipe rebuilt in that session", lambda: claim7b.ENDED),
+    "c": (stress_opt_c, "replicate b's recipe built on this AMD machine", lambda: getattr(stress_opt_c, "ENDED", "The runs are in progress.")),
+}
+
+
+def load(which: str = "b") -> tuple[dict | None, list[dict]]:
+    data = FILES[which][0].DATA_FILE
+    if not os.path.isfile(data):
         return None, []
-    recs = read_jsonl_gz(stress_opt.DATA_FILE)
+    recs = read_jsonl_gz(data)
     return next((r for r in recs if r["kind"] == "start"), None), [r for r in recs if r["kind"] == "run"]
 
 
@@ -49,16 +58,18 @@ def _grid_table(outc: list[dict], lrs: list[float]) -> list[list[str]]:
     return rows
 
 
-def section() -> tuple[str, dict]:
-    start, runs = load()
+def section(which: str = "b") -> tuple[str, dict]:
+    """The tables of one data file (``which``: "b" or "c", see :data:`FILES`) and its own verdict."""
+    mod, model_text, ended = FILES[which]
+    start, runs = load(which)
     if not runs:
         return "", {}
-    res: dict = {"check": check_runs(runs, DATA_NAME)}
+    res: dict = {"check": check_runs(runs, os.path.relpath(mod.DATA_FILE, DATA)), "which": which}
     out = [f"**Declared before it ran:** {describe(res['check'])}.\n"]
     b_start, _ = load_stress("b")
     res["same_as_b"] = same = same_model(start, b_start)
     if start:
-        line = (f"**The stress model** (replicate b's recipe rebuilt in this session): sampled at temperature 1 it "
+        line = (f"**The stress model** ({model_text}): sampled at temperature 1 it "
                 f"writes the systematic error on {pct(start['error_rate_error_prompts'])} % of the error-prompt samples "
                 f"and {pct(start['error_rate_other'])} % of the others, mean token entropy {start['entropy_other']:.3f} "
                 "on the others")
@@ -69,6 +80,7 @@ def section() -> tuple[str, dict]:
                         "replicate b's default-optimiser grid is a same-model reference" if same else
                         "The records differ: this is **a new replicate (c)**, and comparisons with replicate b are across "
                         "models, descriptive only"))
+        res["start"] = start
         out.append(line + ".\n")
     pilot = stress_outcomes([r for r in runs if r["phase"] == "pilot"])
     main = stress_outcomes([r for r in runs if r["phase"] == "main"])
@@ -93,7 +105,7 @@ def section() -> tuple[str, dict]:
         lrs = sorted({o["lr"] for o in main})
         seeds_run = sorted({o["seed"] for o in main})
         out.append(f"**Seeds run:** the main grid ran seeds {seeds_run[0]}-{seeds_run[-1]} of the declared "
-                   f"{stress_opt.MAIN_SEEDS[0]}-{stress_opt.MAIN_SEEDS[-1]}. " + claim7b.ENDED + "\n")
+                   f"{stress_opt.MAIN_SEEDS[0]}-{stress_opt.MAIN_SEEDS[-1]}. " + ended() + "\n")
         rows = _grid_table(main, lrs)
         for row, arm in zip(rows, (REF, ARM)):
             crit = critical_lr(main, arm, lrs)
@@ -187,4 +199,33 @@ def verdict(res: dict) -> str:
                 "into the preset; the paper configs keep carrying it." if sig else
                 "Under them GTPO and GRPO are not shown to differ here either, so these runs give no reason to move the "
                 "optimiser into the preset; the paper configs keep carrying it."))
+    return text + "\n"
+
+
+def pooled(res_b: dict, res_c: dict) -> dict | None:
+    """The declared secondary test of :mod:`experiments.protocol.stress_opt_c`: the log-rank test over both
+    data files' main grids, stratified by (model, rate), so each run is compared only within its own model
+    and rate. None unless both files have main-grid runs."""
+    if not (res_b.get("main") and res_c.get("main")):
+        return None
+    both = [(w, o) for w, res in (("b", res_b), ("c", res_c)) for o in res["main"] if o["arm"] in (REF, ARM)]
+    out = stats.logrank([o["time"] for _, o in both], [int(o["collapsed"]) for _, o in both], [o["arm"] for _, o in both],
+                        strata=[(w, o["lr"]) for w, o in both])
+    out["seeds"] = {w: len({o["seed"] for o in res["main"]}) for w, res in (("b", res_b), ("c", res_c))}
+    return out
+
+
+def claim_verdict(res_b: dict, res_c: dict) -> str:
+    """The verdict of claim 2 under the released optimiser: replicate c's primary test (the design run in
+    full) where it has run, with the pooled test; replicate b's first run otherwise."""
+    if "logrank" not in res_c:
+        return res_b.get("verdict", "")
+    text = res_c["verdict"].rstrip("\n")
+    pl = res_c.get("pooled")
+    if pl:
+        gi = pl["groups"].index(ARM)
+        text += (f" Pooled with the first run on replicate b's model ({pl['seeds']['b']} seeds there, "
+                 f"{pl['seeds']['c']} here), stratified by model and rate (the declared secondary test): p = "
+                 f"{fmt_p(pl['p'])}, GTPO {pl['observed'][gi]:.0f} collapses observed against {pl['expected'][gi]:.1f} "
+                 "expected.")
     return text + "\n"
