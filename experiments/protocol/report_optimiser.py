@@ -12,6 +12,7 @@ import statistics
 from . import claim7b, stats, stress_opt, stress_opt_c
 from .common import DATA, read_jsonl_gz
 from .declare import check_runs, describe
+from .stress import same_start
 from .report import (critical_lr, critical_lr_ci, critical_ratio_ci, fmt_p, load_stress, pct, stress_outcomes, table)
 
 LABELS = {"grpo": "GRPO, released optimiser", "gtpo_official": "GTPO (official), released optimiser"}
@@ -35,10 +36,7 @@ def load(which: str = "b") -> tuple[dict | None, list[dict]]:
 
 def same_model(a: dict | None, b: dict | None) -> bool:
     """Whether two stress start records measure the same model (every key but the build's own)."""
-    if not a or not b:
-        return False
-    keys = (set(a) | set(b)) - {"kind", "build_seconds", "build_cpu_seconds"}
-    return all(a.get(k) == b.get(k) for k in keys)
+    return same_start(a, b)
 
 
 def _fx(x) -> str:

@@ -228,6 +228,16 @@ def collapse_step(rewards: list[float], window: int = 5, frac: float = 0.5) -> i
 _BUILD_KEYS = ("kind", "build_seconds", "build_cpu_seconds")
 
 
+def start_diff(a: dict, b: dict) -> list[str]:
+    """The keys in which two stress start records differ, the build's own (times) ignored."""
+    return sorted(k for k in set(a) | set(b) if k not in _BUILD_KEYS and a.get(k) != b.get(k))
+
+
+def same_start(a: dict | None, b: dict | None) -> bool:
+    """Whether two stress start records measure the same model (every key but the build's own)."""
+    return bool(a) and bool(b) and not start_diff(a, b)
+
+
 def check_same_model(rep: Replicate) -> None:
     """Refuse to mix runs of two stress models. The build is not reproducible across sessions (a rebuild
     in a later session samples the error on 11.2 % of the other prompts, the model of
@@ -241,7 +251,7 @@ def check_same_model(rep: Replicate) -> None:
     if old is None:
         return
     new = json.load(open(cached))
-    diff = sorted(k for k in set(old) | set(new) if k not in _BUILD_KEYS and old.get(k) != new.get(k))
+    diff = start_diff(old, new)
     if diff:
         raise SystemExit(
             f"stress: the model in {rep.model} is not the one that made the runs in {data} (they differ in "

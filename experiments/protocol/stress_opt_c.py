@@ -44,6 +44,25 @@ c**. The first file stays as it is, its grid reported as far as it ran (6 seeds)
   reported on the seeds it finished, each test on every finished run. Nothing is added after the runs
   are seen.
 
+* **Amendment (committed at 15:58 UTC after the build, before any run).** The model built here measures
+  exactly as replicate b's: every value of its start record equals the one in ``stress-released-optimiser.jsonl.gz``
+  (the error on 85.1 % of the error-prompt samples and 11.2 % of the others, entropy 0.1753), not as the
+  previous session's rebuild on this kind of machine (10.2 %; the cause of that difference was not isolated).
+  So the design branches on the start record (:func:`branch`):
+
+  - **A, replicate b's model (this case):** this experiment becomes the continuation of
+    :mod:`experiments.protocol.stress_opt`, its block 6: that design's main grid, taken by its own rule
+    from its committed pilot (:func:`committed_main_grid`: x3.2, x5.7, x10), on seeds 6-11, seed by seed
+    (:func:`continuation_jobs`), preceded by a **reproduction check** (descriptive): seed 0 of both arms at
+    the grid's top rate, rerun here and compared step by step with the committed runs. No pilot is run. The
+    **primary test** is stress_opt's on its full declared grid, 12 seeds, pooling its seeds 0-5 with these
+    seeds 6-11 (same model, same code, same grid; the reproduction runs are not pooled); the critical rates,
+    bootstrap ratio, Fisher and entropy tests as declared there. The pooled-by-model test above is not
+    needed (one model). The decision on the preset follows this primary test.
+  - **B, another model:** as declared above.
+
+  The stop time is unchanged.
+
     python -m experiments.protocol.declare snapshot experiments/protocol/stress_opt_c.py /work/snap-stress-opt-c
     cd /work/snap-stress-opt-c && nice -n 15 python -m experiments.protocol.stress_opt_c build
     cd /work/snap-stress-opt-c && (nice -n 15 python -m experiments.protocol.stress_opt_c work &
@@ -73,8 +92,50 @@ STOP_AT = datetime.datetime(2026, 12, 3, 17, 35, tzinfo=datetime.timezone.utc).t
 WAIT_S = 10.0
 
 
+#: branch A: the seeds of stress_opt's main grid that did not run there, and the reproduction check's seed
+CONTINUATION_SEEDS = tuple(range(6, 12))
+REPRO_SEED = 0
+
+
+def branch(start: dict | None = None) -> str:
+    """"A" when the model built here (its start record ``start``, read from the cache by default) measures
+    exactly as the one of stress_opt's committed data, "B" otherwise (see the amendment)."""
+    import json
+
+    from .common import read_jsonl_gz
+    from .stress import same_start
+
+    if start is None:
+        start = json.load(open(os.path.join(REP.model, "start.json")))
+    first = next((r for r in read_jsonl_gz(stress_opt.DATA_FILE) if r["kind"] == "start"), None)
+    return "A" if same_start(start, first) else "B"
+
+
+def committed_main_grid() -> list[float]:
+    """stress_opt's main grid by its own rule (``stress_opt.main_grid``) from its committed pilot runs."""
+    from .common import read_jsonl_gz
+    from .stress import collapse_step
+
+    outc: dict[float, list[bool]] = {}
+    for r in read_jsonl_gz(stress_opt.DATA_FILE):
+        if r["kind"] == "run" and r["phase"] == "pilot":
+            c = "stopped" in r["summary"] or collapse_step([m["reward/mean"] for m in r["steps"]]) is not None
+            outc.setdefault(r["lr_factor"], []).append(c)
+    return stress_opt.main_grid(outc)
+
+
+def continuation_jobs() -> list[tuple[str, str, float, int]]:
+    """Branch A in order: the reproduction check, then the grid on CONTINUATION_SEEDS seed by seed."""
+    grid = committed_main_grid()
+    return ([("main", a, grid[-1], REPRO_SEED) for a in stress_opt.ARMS]
+            + [("main", a, f, s) for s in CONTINUATION_SEEDS for f in grid for a in stress_opt.ARMS])
+
+
 def jobs() -> list[tuple[str, str, float, int]]:
-    """The jobs due now, in the declared order: the pilot with its extensions, then the main grid."""
+    """The jobs due now, in the declared order: branch A's continuation, or (B) the pilot with its
+    extensions, then the main grid."""
+    if branch() == "A":
+        return continuation_jobs()
     return stress_opt.jobs("all", stress_opt.MAIN_SEEDS, REP)
 
 
@@ -122,6 +183,7 @@ def main(argv=None) -> int:
     elif args.cmd == "work":
         work()
     elif args.cmd == "plan":
+        print("branch", branch())
         outc = stress_opt.pilot_outcomes(REP)
         print("pilot:", {f"x{f:g}": v for f, v in sorted(outc.items())}, "factors:", stress_opt.pilot_factors(outc))
         for job in jobs():
