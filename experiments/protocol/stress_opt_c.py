@@ -44,7 +44,7 @@ c**. The first file stays as it is, its grid reported as far as it ran (6 seeds)
   reported on the seeds it finished, each test on every finished run. Nothing is added after the runs
   are seen.
 
-* **Amendment (committed at 15:58 UTC after the build, before any run).** The model built here measures
+* **Amendment (committed after the build, before any run; git has its time).** The model built here measures
   exactly as replicate b's: every value of its start record equals the one in ``stress-released-optimiser.jsonl.gz``
   (the error on 85.1 % of the error-prompt samples and 11.2 % of the others, entropy 0.1753), not as the
   previous session's rebuild on this kind of machine (10.2 %; the cause of that difference was not isolated).
