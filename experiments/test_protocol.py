@@ -538,6 +538,34 @@ def test_stress_opt_c_workers_share_jobs_wait_and_stop(tmp_path, monkeypatch):
     assert ran == []
 
 
+def test_stress_opt_c_branch_grid_and_reproduction_check():
+    """Branch A only on an equal start record; the continuation's grid is stress_opt's rule applied to its
+    committed pilot; the reproduction check says where two runs' rewards part."""
+    from experiments.protocol import report_optimiser as ro
+    from experiments.protocol import stress_opt, stress_opt_c
+    from experiments.protocol.common import read_jsonl_gz
+
+    first = read_jsonl_gz(stress_opt.DATA_FILE)
+    start = next(r for r in first if r["kind"] == "start")
+    assert stress_opt_c.branch(dict(start, build_seconds=1.0)) == "A"
+    assert stress_opt_c.branch(dict(start, error_rate_other=0.102)) == "B"
+    assert stress_opt_c.committed_main_grid() == [3.2, 5.7, 10.0]
+    j = stress_opt_c.continuation_jobs()
+    assert j[:2] == [("main", "grpo", 10.0, 0), ("main", "gtpo_official", 10.0, 0)] and len(j) == 2 + 6 * 3 * 2
+    assert j[2] == ("main", "grpo", 3.2, 6) and j[-1] == ("main", "gtpo_official", 10.0, 11)
+
+    def run(rewards):
+        return {"phase": "main", "arm": "grpo", "lr_factor": 10.0, "seed": 0, "summary": {},
+                "steps": [{"reward/mean": x, "entropy/mean": 0.2} for x in rewards]}
+
+    base = [9.0] * 10
+    assert "equal at all 10 steps; collapsed never there, never here" in ro._reproduction([run(base)], [run(base)])
+    later = base[:3] + [0.0] * 7
+    txt = ro._reproduction([run(base)], [run(later)])
+    assert "equal for 3 steps, then different (mean reward at step 4: 9.000 there, 0.000 here)" in txt
+    assert "collapsed never there, at step 7 here" in txt
+
+
 def test_released_optimiser_pooled_test_stratifies_by_model_and_rate():
     """The pooled log-rank test compares runs only within (model, rate): a model where every run collapses at
     step 5 and one where none does carry no signal between arms."""

@@ -36,6 +36,10 @@ def render() -> str:
     for name in GTPOConfig.PRESETS:
         values = ", ".join(f"`{k}={v!r}`" for k, v in GTPOConfig.preset_values(name).items())
         lines.append(f"- **{name}**: {values}")
+    lines += ["", "Presets set the method's fields, never the optimiser. The released code's optimiser (Adam "
+              "β1 = β2 = 0.999999, `weight_decay` 0.1, `max_grad_norm` 0.1, cosine schedule with `warmup_ratio` "
+              "0.005, `optim: paged_adamw_8bit`) is in the paper configs, `configs/paper/*.yaml`; on the stress model "
+              "GTPO and GRPO collapsed alike under either optimiser ([results](results.md), claim 2)."]
     return "\n".join(lines) + "\n"
 
 

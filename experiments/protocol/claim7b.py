@@ -98,7 +98,9 @@ ENDED = ("The session's compute ended during block 4: the runs started after blo
          "with the runs committed. (On 2026-12-03 another session rebuilt the released-optimiser stress model on "
          "another machine, an AMD EPYC without AVX-512, to run block 6; it measured differently from the data "
          "file's start record, the error on 10.2 % of the other prompts' samples against 11.2 %, so "
-         "`stress.check_same_model` refused it and nothing more was run.)")
+         "`stress.check_same_model` refused it and nothing more was run in that session; a later session's build on "
+         "the same kind of machine measured exactly as the file's record and ran block 6 as a declared continuation, "
+         "`stress_opt_c`.)")
 #: arms whose sampled metrics come from the first design's runs (rerun here for greedy pass@1 only)
 RERUN = ("gtpo", "grpo")
 GREEDY = dict(n=1, k=[1], maj_k=[1], temperature=0.0, max_new_tokens=64, answer_from="tag", batch_size=256)

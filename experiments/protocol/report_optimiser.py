@@ -22,7 +22,7 @@ REF, ARM = "grpo", "gtpo_official"
 #: the two data files of the design: the experiment module, the model's description, how its runs ended
 FILES = {
     "b": (stress_opt, "replicate b's recipe rebuilt in that session", lambda: claim7b.ENDED),
-    "c": (stress_opt_c, "replicate b's recipe built on this AMD machine", lambda: getattr(stress_opt_c, "ENDED", "The runs are in progress.")),
+    "c": (stress_opt_c, "replicate b's recipe built on this AMD machine", lambda: stress_opt_c.ENDED),
 }
 
 
@@ -56,14 +56,54 @@ def _grid_table(outc: list[dict], lrs: list[float]) -> list[list[str]]:
     return rows
 
 
+def continuation() -> tuple[dict | None, list[dict]]:
+    """stress_opt_c's runs when they continue stress_opt on its model (its branch A: the two files' start
+    records equal), else no runs."""
+    start, runs = load("c")
+    first, _ = load("b")
+    return (start, runs) if runs and same_start(start, first) else (None, [])
+
+
+def _reproduction(first: list[dict], repro: list[dict]) -> str:
+    """How the reproduction check's reruns compare, step by step, with the committed runs of the same job."""
+    parts = []
+    for r in repro:
+        old = next((o for o in first if (o["phase"], o["arm"], o["lr_factor"], o["seed"]) ==
+                    (r["phase"], r["arm"], r["lr_factor"], r["seed"])), None)
+        if old is None:
+            continue
+        a, b = [m["reward/mean"] for m in old["steps"]], [m["reward/mean"] for m in r["steps"]]
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        oc, rc = stress_outcomes([old])[0], stress_outcomes([r])[0]
+        how = (f"equal at all {len(a)} steps" if same is None and len(a) == len(b) else
+               f"equal for {same} steps, then different (mean reward at step {same + 1}: {a[same]:.3f} there, "
+               f"{b[same]:.3f} here)" if same is not None else f"{len(a)} steps there, {len(b)} here")
+        parts.append(f"{LABELS[r['arm']]} x{r['lr_factor']:g} seed {r['seed']}: mean reward per step {how}; collapsed "
+                     + (f"at step {oc['time']}" if oc["collapsed"] else "never") + " there, "
+                     + (f"at step {rc['time']}" if rc["collapsed"] else "never") + " here")
+    return "; ".join(parts)
+
+
 def section(which: str = "b") -> tuple[str, dict]:
-    """The tables of one data file (``which``: "b" or "c", see :data:`FILES`) and its own verdict."""
+    """The tables of one data file (``which``: "b" or "c", see :data:`FILES`) and its own verdict. The first
+    file's section pools the continuation's seeds (:func:`continuation`); the second file then has no section
+    of its own."""
     mod, model_text, ended = FILES[which]
     start, runs = load(which)
-    if not runs:
+    c_start, c_runs = continuation()
+    if not runs or (which == "c" and c_runs):
         return "", {}
     res: dict = {"check": check_runs(runs, os.path.relpath(mod.DATA_FILE, DATA)), "which": which}
     out = [f"**Declared before it ran:** {describe(res['check'])}.\n"]
+    repro = []
+    if which == "b" and c_runs:
+        res["check_c"] = check_runs(c_runs, os.path.relpath(stress_opt_c.DATA_FILE, DATA))
+        repro = [r for r in c_runs if r["seed"] == stress_opt_c.REPRO_SEED]
+        cont = [r for r in c_runs if r["seed"] in stress_opt_c.CONTINUATION_SEEDS]
+        out.append(f"**The continuation** (`stress_opt_c`, branch A, on a model built on another machine whose start "
+                   f"record equals this file's) **declared before it ran:** {describe(res['check_c'])}.\n")
+        res["reproduction"] = _reproduction(runs, repro)
+        runs = runs + cont
     b_start, _ = load_stress("b")
     res["same_as_b"] = same = same_model(start, b_start)
     if start:
@@ -103,7 +143,13 @@ def section(which: str = "b") -> tuple[str, dict]:
         lrs = sorted({o["lr"] for o in main})
         seeds_run = sorted({o["seed"] for o in main})
         out.append(f"**Seeds run:** the main grid ran seeds {seeds_run[0]}-{seeds_run[-1]} of the declared "
-                   f"{stress_opt.MAIN_SEEDS[0]}-{stress_opt.MAIN_SEEDS[-1]}. " + ended() + "\n")
+                   f"{stress_opt.MAIN_SEEDS[0]}-{stress_opt.MAIN_SEEDS[-1]}. "
+                   + (f"Seeds 0-5 ran in the first session: {ended()} Seeds {stress_opt_c.CONTINUATION_SEEDS[0]}-"
+                      f"{stress_opt_c.CONTINUATION_SEEDS[-1]} are the continuation's: {stress_opt_c.ENDED}"
+                      if res.get("check_c") else ended()) + "\n")
+        if res.get("reproduction"):
+            out.append(f"**Reproduction check** (the continuation's reruns, descriptive, not pooled): "
+                       f"{res['reproduction']}.\n")
         rows = _grid_table(main, lrs)
         for row, arm in zip(rows, (REF, ARM)):
             crit = critical_lr(main, arm, lrs)

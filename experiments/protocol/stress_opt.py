@@ -204,7 +204,8 @@ def export(out: str = DATA_FILE, rep: Replicate = REP) -> str:
             base = os.path.join(rep.runs, phase, arm)
             for name in sorted(os.listdir(base), key=lambda n: float(n[1:])) if os.path.isdir(base) else []:
                 f = float(name[1:])
-                for sname in sorted(os.listdir(os.path.join(base, name)), key=lambda n: int(n[4:])):
+                names = [n for n in os.listdir(os.path.join(base, name)) if n[4:].isdigit()]  # not the .lock files
+                for sname in sorted(names, key=lambda n: int(n[4:])):
                     seed = int(sname[4:])
                     d = run_dir(phase, arm, f, seed, rep)
                     if run_status(d) != "done":

@@ -88,6 +88,10 @@ DATA_FILE = os.path.join(DATA, "stress-released-optimiser-c.jsonl.gz")
 REP = Replicate("c", os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0-stress-c"), os.path.join(RUNS, "stress-opt-c"),
                 DATA_FILE)
 STOP_AT = datetime.datetime(2026, 12, 3, 17, 35, tzinfo=datetime.timezone.utc).timestamp()
+#: how the stopping rule ended the runs (written after the runs; the design above is the declaration)
+ENDED = ("branch A (the start record equal to the first file's); all 38 jobs ran, the reproduction check and seeds "
+         "6-11, from 15:56 to 16:04 UTC (two workers, 20-38 s a run), well before the stop time (17:35 UTC); "
+         "nothing was added.")
 #: how long a worker waits, when every job left is running in the other worker, before it reads the list again
 WAIT_S = 10.0
 

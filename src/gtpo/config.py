@@ -13,7 +13,10 @@ Presets (:meth:`GTPOConfig.from_preset`):
   entropy threshold 0.7 applied to every completion, gamma 0.1, conflict weights 2.0 / 0.0
   multiplied across the prefix and suffix runs, each completion's loss divided by its
   conflict count, completions summed; sampling at temperature 0.9, log-probs and entropies
-  from the raw logits (``logprob_temperature`` 1.0).
+  from the raw logits (``logprob_temperature`` 1.0). It does not set the optimiser: the released
+  code's (Adam beta1 = beta2 = 0.999999, weight decay 0.1, ``max_grad_norm`` 0.1, cosine schedule with
+  warm-up 0.005, paged 8-bit AdamW) is in the paper configs (``configs/paper/*.yaml``); on the stress
+  model GTPO and GRPO collapsed alike under either optimiser (docs/results.md, claim 2).
 * ``paper`` -- the printed objective: mean over the G completions, no conflict-count division,
   the <H>_ini rule with threshold ln 2 (filter only if the policy started below ln 2).
 * ``grpo``, ``dr_grpo``, ``dapo`` -- the baselines with their usual settings; ``dapo`` is DAPO's
