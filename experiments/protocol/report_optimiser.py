@@ -1,7 +1,8 @@
-"""docs/results.md's section on claim 2 under the released optimiser: the first run of the design on replicate
-b's model (:mod:`experiments.protocol.stress_opt`, 6 seeds) and the whole design on replicate c
-(:mod:`experiments.protocol.stress_opt_c`, 12 seeds), each with its verdict generated from its data, and the
-verdict of the claim (replicate c's primary test, the pooled test beside it)."""
+"""docs/results.md's section on claim 2 under the released optimiser, with its verdicts generated from the data:
+the design on replicate b's model, its first run (:mod:`experiments.protocol.stress_opt`: the pilot, seeds 0-5)
+pooled with its continuation (:mod:`experiments.protocol.stress_opt_c`, branch A: seeds 6-11); or, where
+stress_opt_c ran on another model (its branch B), that file's own section, its own verdict as the claim's, and
+the test pooled by model."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def section(which: str = "b") -> tuple[str, dict]:
     of its own."""
     mod, model_text, ended = FILES[which]
     start, runs = load(which)
-    c_start, c_runs = continuation()
+    _, c_runs = continuation()
     if not runs or (which == "c" and c_runs):
         return "", {}
     res: dict = {"check": check_runs(runs, os.path.relpath(mod.DATA_FILE, DATA)), "which": which}
