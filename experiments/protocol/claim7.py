@@ -309,14 +309,11 @@ def work(poll_s: float = 20.0) -> None:
 
 
 def export(out: str = os.path.join(DATA, "claim7.jsonl.gz")) -> str:
-    from .tinyruns import run_status, step_metrics
+    from .tinyruns import kept_steps, run_status
 
     recs = []
     if os.path.isfile(os.path.join(START, "start.json")):
         recs.append({"kind": "start", **json.load(open(os.path.join(START, "start.json")))})
-    keep = ("reward/mean", "entropy/mean", "reward/paper_format/mean", "reward/paper_accuracy/mean", "update_norm",
-            "kl/new_old", "frac_zero_std_groups", "gtpo/filtered_frac", "gtpo/conflict_frac", "completion_length/mean",
-            "step")
     for kind, arm, lr, seed in jobs():
         if lr is None:
             continue
@@ -328,7 +325,7 @@ def export(out: str = os.path.join(DATA, "claim7.jsonl.gz")) -> str:
                      "metrics": ev["metrics"], "per_problem": _per_problem(ev), "stopped": ev.get("stopped"),
                      "eval_timing": ev.get("timing"),
                      "timing": json.load(open(os.path.join(d, "timing.json"))) if os.path.isfile(os.path.join(d, "timing.json")) else None,
-                     "steps": [{k: m[k] for k in keep if k in m} for m in step_metrics(d)]})
+                     "steps": kept_steps(d)})
     write_jsonl_gz(out, recs)
     return out
 

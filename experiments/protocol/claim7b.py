@@ -217,15 +217,12 @@ def work(blocks: tuple[int, ...] = tuple(ORDER)) -> None:
 def export(out: str = DATA_FILE) -> str:
     from .claim7 import START, _per_problem
     from .common import read_jsonl_gz
-    from .tinyruns import run_status, step_metrics
+    from .tinyruns import kept_steps, run_status
 
     old = {(r["arm"], r["seed"]): r for r in (read_jsonl_gz(out) if os.path.isfile(out) else []) if r["kind"] != "start"}
     recs = [r for r in (read_jsonl_gz(out) if os.path.isfile(out) else []) if r["kind"] == "start"][:1]
     if not recs and os.path.isfile(os.path.join(START, "start.json")):
         recs.append({"kind": "start", **json.load(open(os.path.join(START, "start.json")))})
-    keep = ("reward/mean", "entropy/mean", "reward/paper_format/mean", "reward/paper_accuracy/mean", "update_norm",
-            "kl/new_old", "frac_zero_std_groups", "gtpo/filtered_frac", "gtpo/conflict_frac", "completion_length/mean",
-            "step")
     for arm, seed in jobs():
         d = run_dir(arm, seed)
         if run_status(d) != "done" or not done(arm, seed):
@@ -235,7 +232,7 @@ def export(out: str = DATA_FILE) -> str:
         timing = json.load(open(os.path.join(d, "timing.json")))
         rec = {"kind": "final", "arm": arm, "lr": LR, "seed": seed, "argv": timing["argv"],
                **json.load(open(os.path.join(d, "declared.json"))), "timing": timing,
-               "steps": [{k: m[k] for k in keep if k in m} for m in step_metrics(d)]}
+               "steps": kept_steps(d)}
         for mode in modes(arm, seed):
             ev = json.load(open(_eval_file(d, mode)))
             rec[mode] = {"metrics": ev["metrics"], "per_problem": _per_problem(ev), "timing": ev.get("timing"),

@@ -319,7 +319,7 @@ def work(blocks=None, now=time.time) -> None:
 
 def export(out: str = DATA_FILE) -> str:
     from .claim7 import START, _per_problem
-    from .tinyruns import run_status, step_metrics
+    from .tinyruns import kept_steps, run_status
 
     old = read_jsonl_gz(out) if os.path.isfile(out) else []
     kept = {(r["kind"], r["arm"], r["lr"], r["seed"]): r for r in old if r["kind"] != "start"}
@@ -327,9 +327,6 @@ def export(out: str = DATA_FILE) -> str:
     if not recs and os.path.isfile(os.path.join(START, "start.json")):
         recs.append({"kind": "start", **json.load(open(os.path.join(START, "start.json")))})
     br = branch(recs[0] if recs else None, first_start())
-    keep = ("reward/mean", "entropy/mean", "reward/paper_format/mean", "reward/paper_accuracy/mean", "update_norm",
-            "kl/new_old", "frac_zero_std_groups", "gtpo/filtered_frac", "gtpo/conflict_frac", "completion_length/mean",
-            "step")
     for job in jobs(br):
         kind, arm, lr, seed = job
         d = run_dir(*job)
@@ -340,7 +337,7 @@ def export(out: str = DATA_FILE) -> str:
         timing = json.load(open(os.path.join(d, "timing.json")))
         rec = {"kind": kind, "arm": arm, "lr": lr, "seed": seed, "argv": timing["argv"],
                **json.load(open(os.path.join(d, "declared.json"))), "timing": timing,
-               "steps": [{k: m[k] for k in keep if k in m} for m in step_metrics(d)]}
+               "steps": kept_steps(d)}
         for mode in modes(br, kind, arm, seed, lr):
             ev = json.load(open(_eval_file(d, mode)))
             rec[mode] = {"metrics": ev["metrics"], "per_problem": _per_problem(ev), "timing": ev.get("timing"),

@@ -261,7 +261,7 @@ def check_same_model(rep: Replicate) -> None:
 
 
 def export(rep: Replicate) -> str:
-    from .tinyruns import run_status, step_metrics
+    from .tinyruns import kept_steps, run_status
 
     # runs already in the data file whose directories are gone (another machine, a cleaned cache) are kept:
     # the file is the record, the run directories only a working copy
@@ -284,7 +284,7 @@ def export(rep: Replicate) -> str:
                         "gtpo/filtered_frac", "gtpo/conflict_frac", "completion_length/mean", "truncated_frac",
                         "probe/q0_open_tag", "probe/q0_answer_tags", "probe/q0_close_eos", "probe/q0_copy_operands",
                         "step_time_s", "step")
-                steps = [{k: m[k] for k in keep if k in m} for m in step_metrics(d)]
+                steps = kept_steps(d, keep)
                 recs.append({"kind": "run", "arm": arm, "lr_factor": f, "lr": BASE_LR * f, "seed": seed,
                              "argv": argv_for(rep, arm, f, seed), "summary": json.load(open(os.path.join(d, "summary.json"))),
                              "timing": json.load(open(os.path.join(d, "timing.json"))) if os.path.isfile(os.path.join(d, "timing.json")) else None,

@@ -188,7 +188,7 @@ def work(phase: str = "all", seeds=MAIN_SEEDS) -> None:
 
 def export(out: str = DATA_FILE, rep: Replicate = REP) -> str:
     from .common import read_jsonl_gz
-    from .tinyruns import run_status, step_metrics
+    from .tinyruns import kept_steps, run_status
 
     old = read_jsonl_gz(out) if os.path.isfile(out) else []
     kept = {(r["phase"], r["arm"], r["lr_factor"], r["seed"]): r for r in old if r["kind"] == "run"}
@@ -214,7 +214,7 @@ def export(out: str = DATA_FILE, rep: Replicate = REP) -> str:
                     recs.append({"kind": "run", "phase": phase, "arm": arm, "lr_factor": f, "lr": BASE_LR * f,
                                  "seed": seed, "argv": timing["argv"], **json.load(open(os.path.join(d, "declared.json"))),
                                  "summary": json.load(open(os.path.join(d, "summary.json"))), "timing": timing,
-                                 "steps": [{k: m[k] for k in keep if k in m} for m in step_metrics(d)]})
+                                 "steps": kept_steps(d, keep)})
                     seen.add((phase, arm, f, seed))
     recs += [r for k, r in sorted(kept.items(), key=str) if k not in seen]
     write_jsonl_gz(out, recs)

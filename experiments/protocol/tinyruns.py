@@ -51,6 +51,17 @@ def execute(argv: list[str], d: str, tag: str) -> str:
     return run_status(d)
 
 
+#: the per-step metrics the claim-7 data files keep of each run
+CLAIM7_STEP_KEYS = ("reward/mean", "entropy/mean", "reward/paper_format/mean", "reward/paper_accuracy/mean",
+                    "update_norm", "kl/new_old", "frac_zero_std_groups", "gtpo/filtered_frac", "gtpo/conflict_frac",
+                    "completion_length/mean", "step")
+
+
+def kept_steps(d: str, keep=CLAIM7_STEP_KEYS) -> list[dict]:
+    """:func:`step_metrics` of the run in ``d``, each step reduced to the keys ``keep`` it has."""
+    return [{k: m[k] for k in keep if k in m} for m in step_metrics(d)]
+
+
 def step_metrics(d: str) -> list[dict]:
     """Per-step numeric metrics under gtpo's earlier names (``reward/mean``, ...: those of the committed data;
     :func:`gtpo.metric_names.legacy_record`), the last line of each step winning (a resumed run re-logs steps)."""
