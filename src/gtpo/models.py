@@ -89,7 +89,8 @@ def import_bitsandbytes_quietly(quantizing: bool) -> None:
     the run quantizes a base.
 
     ``import peft`` (and so TRL) imports bitsandbytes whenever it is installed, and bitsandbytes then warns about
-    its CPU 4-bit kernels on every run, 4-bit or not. A run that loads no 4-bit/8-bit base imports it here first,
+    its CPU 4-bit kernels on every run, 4-bit or not (and ``kernels``, which it asks for them, that offline it
+    skips the publisher trust check: kernels 0.19). A run that loads no 4-bit/8-bit base imports it here first,
     quietly; a quantizing run keeps its messages (they concern that run).
     """
     import logging
@@ -97,15 +98,17 @@ def import_bitsandbytes_quietly(quantizing: bool) -> None:
 
     if quantizing or "bitsandbytes" in sys.modules or importlib.util.find_spec("bitsandbytes") is None:
         return
-    log = logging.getLogger("bitsandbytes")
-    level = log.level
-    log.setLevel(logging.ERROR)
+    logs = [logging.getLogger(name) for name in ("bitsandbytes", "kernels")]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.ERROR)
     try:
         import bitsandbytes  # noqa: F401
     except Exception:  # noqa: BLE001 -- a broken install matters only to a run that quantizes
         pass
     finally:
-        log.setLevel(level)
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
 
 
 def unwrap_peft(model):
