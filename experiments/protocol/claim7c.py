@@ -86,7 +86,7 @@ import sys
 import time
 
 from . import claim7b
-from .common import DATA, ROOT, RUNS, read_jsonl_gz, setup_env, write_json, write_jsonl_gz
+from .common import DATA, ROOT, RUNS, read_jsonl_gz, setup_env, take_lock, write_json, write_jsonl_gz
 
 MODULE = "experiments/protocol/claim7c.py"
 C7C_RUNS = os.path.join(RUNS, "claim7c")
@@ -269,26 +269,6 @@ def run_job(br: str, job: Job) -> None:
         write_json(_eval_file(d, mode), ev)
 
 
-def _take(lock: str) -> bool:
-    """Create ``lock`` (this process's pid); a lock whose process is gone is taken over."""
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                os.kill(int(open(lock).read() or 0), 0)
-                return False
-            except (ProcessLookupError, ValueError):
-                os.remove(lock)
-                continue
-            except PermissionError:
-                return False
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
-        return True
-    return False
-
-
 def work(blocks=None, now=time.time) -> None:
     """One worker: run (or resume) the jobs of ``blocks`` in the declared order, skipping those done or taken by
     another worker, starting none after :data:`STOP_AT` (or when a STOP file exists). The job list is read
@@ -306,7 +286,7 @@ def work(blocks=None, now=time.time) -> None:
             d = run_dir(*job)
             os.makedirs(os.path.dirname(d), exist_ok=True)
             lock = d + ".lock"
-            if not _take(lock):
+            if not take_lock(lock):
                 continue
             try:
                 run_job(br, job)

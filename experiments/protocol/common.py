@@ -1,4 +1,4 @@
-"""Shared helpers: paths, the environment of a run, compressed jsonl I/O."""
+"""Shared helpers: paths, the environment of a run, compressed jsonl I/O, the workers' job locks."""
 
 from __future__ import annotations
 
@@ -60,3 +60,24 @@ def write_json(path: str, obj) -> None:
 
 def now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def take_lock(lock: str) -> bool:
+    """Create ``lock`` (this process's pid) for a job run by one of several workers; a lock whose process is
+    gone is taken over. False when another live process holds it."""
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                os.kill(int(open(lock).read() or 0), 0)
+                return False
+            except (ProcessLookupError, ValueError):
+                os.remove(lock)
+                continue
+            except PermissionError:
+                return False
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return True
+    return False

@@ -57,11 +57,10 @@ def _grid_table(outc: list[dict], lrs: list[float]) -> list[list[str]]:
     return rows
 
 
-def continuation() -> tuple[dict | None, list[dict]]:
-    """stress_opt_c's runs when they continue stress_opt on its model (its branch A: the two files' start
-    records equal), else no runs."""
+def continuation(first: dict | None) -> tuple[dict | None, list[dict]]:
+    """stress_opt_c's runs when they continue stress_opt on its model (its branch A: its start record equals
+    ``first``, the first file's), else no runs."""
     start, runs = load("c")
-    first, _ = load("b")
     return (start, runs) if runs and same_start(start, first) else (None, [])
 
 
@@ -91,7 +90,7 @@ def section(which: str = "b") -> tuple[str, dict]:
     of its own."""
     mod, model_text, ended = FILES[which]
     start, runs = load(which)
-    _, c_runs = continuation()
+    _, c_runs = continuation(start if which == "b" else load("b")[0])
     if not runs or (which == "c" and c_runs):
         return "", {}
     res: dict = {"check": check_runs(runs, os.path.relpath(mod.DATA_FILE, DATA)), "which": which}

@@ -150,7 +150,7 @@ def _done(job) -> bool:
 def work(now=time.time, sleep=time.sleep) -> None:
     """One worker: take the first job due that is neither done nor running in the other worker; wait while
     every job left is running; stop when none is left, at :data:`STOP_AT`, or when a STOP file exists."""
-    from .claim7c import _take
+    from .common import take_lock
 
     while True:
         todo = [j for j in jobs() if not _done(j)]
@@ -162,7 +162,7 @@ def work(now=time.time, sleep=time.sleep) -> None:
             d = stress_opt.run_dir(*job, REP)
             os.makedirs(os.path.dirname(d), exist_ok=True)
             lock = d + ".lock"
-            if not _take(lock):
+            if not take_lock(lock):
                 continue
             try:
                 stress_opt.run_job(*job, rep=REP, module=MODULE)
