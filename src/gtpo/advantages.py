@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .config import COMPLETION_SIGNS, FILTER_SCOPES, SCALE_REWARDS
+from .config import COMPLETION_SIGNS, FILTER_SCOPES, GTPO_GAMMA, SCALE_REWARDS
 from .ops import _check_group_size, _check_option, _check_shape, _check_tensor
 
 __all__ = ["entropy_control", "entropy_keep_mask", "group_advantages", "shape_advantages", "sign_mask",
@@ -126,7 +126,7 @@ def entropy_control(
     seq_entropy: Tensor,
     *,
     threshold: float | None = 0.7,
-    gamma: float = 0.1,
+    gamma: float = GTPO_GAMMA,
     scope: str = "all",
     initial_entropy: float | Tensor | None = None,
     shift_mask: Tensor | None = None,

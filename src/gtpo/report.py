@@ -36,6 +36,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .checkpoint import atomic_write
+from .config import resolved
 from .metric_names import canonical_record
 
 __all__ = [
@@ -356,8 +357,8 @@ def _plot_entropy(ax, runs: Sequence[_Run], *, smooth: int | None = None) -> lis
 def _filter_threshold(run: _Run) -> float | None:
     """The entropy threshold at which ``run`` filtered completions, or None when its filter was off.
 
-    From ``run_config.json``: ``entropy_filter`` (None: on for ``loss_type`` gtpo only, as
-    :class:`gtpo.GTPOConfig` resolves it) and ``entropy_threshold``; under ``entropy_rule: initial``
+    From ``run_config.json``: ``entropy_filter`` (None: its rule, by
+    :func:`gtpo.config.resolved` as every engine decides it) and ``entropy_threshold``; under ``entropy_rule: initial``
     the filter is off when the logged ``gtpo/initial_entropy`` is above the threshold. A run
     without a config draws no threshold.
     """
@@ -365,10 +366,7 @@ def _filter_threshold(run: _Run) -> float | None:
     tau = cfg.get("entropy_threshold")
     if not _is_number(tau):
         return None
-    on = cfg.get("entropy_filter")
-    if on is None:
-        on = cfg.get("loss_type", "gtpo") == "gtpo"
-    if not on:
+    if not resolved(cfg, "entropy_filter"):
         return None
     _, h_ini = run.series("gtpo/initial_entropy")
     if cfg.get("entropy_rule") == "initial" and h_ini.size and h_ini[-1] > tau:

@@ -46,7 +46,7 @@ from torch import nn
 from . import method
 from .advantages import group_advantages
 from .checkpoint import RESUME_HINT, RunDirectory
-from .config import GTPOConfig
+from .config import GTPOConfig, fields_where
 from .data import as_dataset
 from .diagnostics import NoSignalCounter, policy_change_sums, probe_probabilities, signal_counts
 from .errors import TrainingStopped
@@ -59,13 +59,8 @@ from .trackers import check_trackers, start_trackers
 
 logger = logging.getLogger("gtpo")
 
-# config fields that may change between a run and its resume without changing what is trained
-RESUMABLE_CHANGES = frozenset({
-    "output_dir", "overwrite_output_dir", "max_steps", "save_steps", "save_total_limit", "logging_steps",
-    "report_to", "run_name", "disable_tqdm", "log_completions_steps", "num_completions_to_print", "eval_steps",
-    "eval_num_samples", "eval_k", "eval_temperature", "eval_max_new_tokens", "log_policy_change",
-    "vllm_gpu_memory_utilization", "vllm_kv_cache_memory_bytes", "vllm_max_model_length", "vllm_enforce_eager",
-})
+# config fields that may change between a run and its resume without changing what is trained (``_f(resumable=True)``)
+RESUMABLE_CHANGES = frozenset(fields_where("resumable", True))
 
 
 def cpu_only() -> bool:

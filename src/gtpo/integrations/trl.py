@@ -67,7 +67,8 @@ the defaults and documentation of :class:`gtpo.GTPOConfig` (read from its datacl
 * ``micro_batch_size`` -> ``per_device_train_batch_size``;
 * ``loss_type`` "gtpo" -> ``loss_type`` "gtpo" (this class's default); gtpo's "grpo" / "dr_grpo" / "dapo"
   (and ``loss_aggregation`` seq_mean_token_mean / constant / token_mean) -> TRL's "grpo" / "dr_grpo" / "dapo";
-* ``scale_rewards`` None -> None: "none" for gtpo, TRL's "group" otherwise;
+* ``scale_rewards`` None -> GTPOConfig's rule (:func:`gtpo.config.resolved`, on both engines): "none" for gtpo and
+  dr_grpo, "group" otherwise (TRL's default);
 * ``max_steps`` (rollout steps, each with ``num_iterations`` updates) -> ``max_steps * num_iterations``
   (TRL counts optimizer steps); ``warmup_ratio`` -> ``warmup_steps``;
 * ``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``max_completion_length``, ``num_iterations``,
@@ -122,7 +123,8 @@ except ImportError as _err:  # pragma: no cover - exercised only without TRL
     ) from _err
 
 from .. import method
-from ..config import SHARED_VLLM_FIELDS, GTPOConfig
+from ..config import (DEFAULT_AGGREGATION, SHARED_VLLM_FIELDS, GTPOConfig, field_default, fields_where,
+                      resolved)
 from ..errors import ConfigError, ConfigValueError
 from ..losses import POLICY_LOSSES, LossExtras
 from ..scoring import overlong_penalty
@@ -181,40 +183,32 @@ if _missing:  # pragma: no cover - depends on the installed TRL
 _GTPO_FIELDS = {f.name: f for f in dataclasses.fields(GTPOConfig)}
 _TRL_FIELDS = {f.name: f for f in dataclasses.fields(GRPOConfig)}
 
+# Each GTPOConfig field declares what it is on this engine (its ``trl`` role, gtpo.config.TRL_ROLES); these lists are
+# read from the declarations.
 #: GTPOConfig fields that TRL names differently (GTPOConfig name -> what it is on TRL's engine).
-RENAMED = {
-    "group_size": "num_generations",
-    "prompts_per_step": "generation_batch_size / num_generations",
-    "micro_batch_size": "per_device_train_batch_size",
-    "loss_aggregation": "loss_type ('grpo' / 'dr_grpo' / 'dapo')",
-    "warmup_ratio": "warmup_steps",
-    "max_prompt_length": "(gtpo train --engine trl drops longer prompts from the dataset)",
-    "overwrite_output_dir": "(none: the HF Trainer writes into output_dir as it is)",
-    "dtype": "model_init_kwargs.dtype and bf16 (gtpo's dtype rule, docs/gpu.md)",
-}
+RENAMED = {name: _GTPO_FIELDS[name].metadata["trl_name"] for name in fields_where("trl", "renamed")}
 #: GTPOConfig fields of gtpo's own trainer (its sampler, evaluation, safeguards, logs): no effect on
 #: what TRL's engine trains, and no counterpart there.
-ENGINE_ONLY = ("decode_loop", "merge_lora_for_sampling", "logprob_chunk_size", "log_policy_change", "max_consecutive_skips",
-               "log_completions_steps", "eval_num_samples", "eval_k", "eval_temperature", "eval_max_new_tokens",
-               "generation_batch_size", "max_resample_rounds", "vllm_kv_cache_memory_bytes", "vllm_dtype",
-               "vllm_enforce_eager", "gtpo_ablation")
+ENGINE_ONLY = fields_where("trl", "gtpo_engine")
 #: GTPOConfig fields of features TRL's GRPOTrainer does not have.
-UNAVAILABLE = ("dynamic_sampling",)
-
-#: GTPO's method fields that ``trl.GRPOConfig`` lacks, with GTPOConfig's names, defaults and help:
-#: every GTPOConfig field that is not one of TRL's, renamed, engine-only or unavailable.
-GTPO_METHOD_FIELDS: tuple[str, ...] = tuple(
-    name for name in _GTPO_FIELDS
-    if name not in _TRL_FIELDS and name not in RENAMED and name not in ENGINE_ONLY and name not in UNAVAILABLE
-)
+UNAVAILABLE = fields_where("trl", "unavailable")
+#: GTPOConfig fields that are trl.GRPOConfig fields of the same name and meaning: passed on as they are.
+SAME_FIELDS = fields_where("trl", "same")
+#: GTPO's method fields that ``trl.GRPOConfig`` lacks, with GTPOConfig's names, defaults and help.
+GTPO_METHOD_FIELDS = fields_where("trl", "method")
 
 
-def _gtpo_field(name: str) -> Any:
-    """A dataclass field with GTPOConfig's default and help (one source of truth)."""
-    f = _GTPO_FIELDS[name]
-    if f.default_factory is not dataclasses.MISSING:  # pragma: no cover - no method field has one today
-        return field(default_factory=f.default_factory, metadata={"help": f.metadata["help"]})
-    return field(default=f.default, metadata={"help": f.metadata["help"]})
+def _with_gtpo_method_fields(cls: type) -> type:
+    """``cls`` (before ``@dataclass``) with a field for each of :data:`GTPO_METHOD_FIELDS`: GTPOConfig's annotation,
+    default and help (one source of truth)."""
+    for name in GTPO_METHOD_FIELDS:
+        f = _GTPO_FIELDS[name]
+        cls.__annotations__[name] = f.type
+        if f.default_factory is not dataclasses.MISSING:  # pragma: no cover - no method field has one today
+            setattr(cls, name, field(default_factory=f.default_factory, metadata={"help": f.metadata["help"]}))
+        else:
+            setattr(cls, name, field(default=f.default, metadata={"help": f.metadata["help"]}))
+    return cls
 
 
 def _trl_default(name: str) -> Any:
@@ -224,6 +218,7 @@ def _trl_default(name: str) -> Any:
 
 # ----------------------------------------------------------------------------------------- config
 @dataclass
+@_with_gtpo_method_fields
 class TRLGTPOConfig(GRPOConfig):
     r"""
     Configuration class of [`TRLGTPOTrainer`]: ``trl.GRPOConfig`` plus the fields of GTPO (Simoni et al.,
@@ -241,8 +236,9 @@ class TRLGTPOConfig(GRPOConfig):
             `"gtpo"` (conflict-token weights, entropy filter and gamma shaping, no KL, arXiv 2508.03772) or
             any of TRL's loss types, which run TRL's own code.
         scale_rewards (`str` or `None`, *optional*, defaults to `None`):
-            `"group"`, `"batch"` or `"none"`. `None`: `"none"` for `loss_type="gtpo"` (the reference code's
-            `R - mean`), TRL's `"group"` otherwise.
+            `"group"`, `"batch"` or `"none"`. `None`: `gtpo.GTPOConfig`'s rule, as on gtpo's engine: `"none"` for
+            `loss_type="gtpo"` (the reference code's `R - mean`) and `"dr_grpo"` (Dr. GRPO drops the std),
+            TRL's `"group"` otherwise.
         vllm_importance_sampling_correction (`bool` or `None`, *optional*, defaults to `None`):
             TRL's vLLM importance-sampling correction. `None`: on (TRL's default), except when
             `logprob_temperature` differs from `temperature` (the official preset: sampling at 0.9,
@@ -262,8 +258,9 @@ class TRLGTPOConfig(GRPOConfig):
     )
     scale_rewards: str | None = field(
         default=None,
-        metadata={"help": "'group', 'batch' or 'none'. None: 'none' for loss_type='gtpo' (GTPO's reference code), "
-                          "TRL's 'group' otherwise."},
+        metadata={"help": "'group', 'batch' or 'none'. None: gtpo.GTPOConfig's rule, as on gtpo's engine: 'none' "
+                          "for loss_type='gtpo' (GTPO's reference code) and 'dr_grpo' (Dr. GRPO drops the std), TRL's "
+                          "'group' otherwise."},
     )
     vllm_importance_sampling_correction: bool | None = field(
         default=None,
@@ -272,25 +269,7 @@ class TRLGTPOConfig(GRPOConfig):
                           "temperature change instead of vLLM's mismatch (true is then refused)."},
     )
 
-    # GTPO's method fields: annotations restated for IDEs and type checkers (a test checks that they equal
-    # GTPOConfig's); defaults and help come from GTPOConfig.
-    conflict_masks: bool | None = _gtpo_field("conflict_masks")
-    pos_weight: float = _gtpo_field("pos_weight")
-    neg_weight: float = _gtpo_field("neg_weight")
-    conflict_combine: str = _gtpo_field("conflict_combine")
-    conflict_count: str = _gtpo_field("conflict_count")
-    divide_by_conflict_count: bool = _gtpo_field("divide_by_conflict_count")
-    completion_reduction: str = _gtpo_field("completion_reduction")
-    entropy_filter: bool | None = _gtpo_field("entropy_filter")
-    entropy_threshold: float = _gtpo_field("entropy_threshold")
-    entropy_rule: str = _gtpo_field("entropy_rule")
-    entropy_filter_scope: str = _gtpo_field("entropy_filter_scope")
-    gamma: float | None = _gtpo_field("gamma")
-    gamma_groups: str = _gtpo_field("gamma_groups")
-    completion_sign: str = _gtpo_field("completion_sign")
-    overlong_buffer_length: int = _gtpo_field("overlong_buffer_length")
-    overlong_penalty_factor: float = _gtpo_field("overlong_penalty_factor")
-    logprob_temperature: float | None = _gtpo_field("logprob_temperature")
+    # GTPO's method fields (GTPO_METHOD_FIELDS) are added by _with_gtpo_method_fields from GTPOConfig's declarations
     group_size: int | None = field(
         default=None,
         metadata={"help": "gtpo's name of num_generations, accepted as an alias (gtpo.GTPOConfig keywords work "
@@ -305,8 +284,8 @@ class TRLGTPOConfig(GRPOConfig):
                 raise ConfigValueError(f"TRLGTPOConfig.group_size={self.group_size!r} is gtpo's name of num_generations, "
                                        f"which is {self.num_generations!r}: set one of them", "group_size")
             self.num_generations, self.group_size = self.group_size, None
-        if self.scale_rewards is None:
-            self.scale_rewards = "none" if self.loss_type == "gtpo" else "group"
+        if self.scale_rewards is None:  # GTPOConfig's rule, so that a YAML means the same on both engines
+            self.scale_rewards = resolved(self, "scale_rewards")
         mismatch = self.logprob_temperature is not None and self.logprob_temperature != self.temperature
         if self.vllm_importance_sampling_correction is None:
             self.vllm_importance_sampling_correction = not mismatch
@@ -340,8 +319,7 @@ class TRLGTPOConfig(GRPOConfig):
 
         if self.loss_type != "gtpo":
             # GTPO's switches on a baseline are ablations of gtpo's own trainer (TRL's loss has no slot for them)
-            for name, off in (("conflict_masks", (None, False)), ("entropy_filter", (None, False)),
-                              ("gamma", (None, 0.0)), ("completion_sign", ("all",))):
+            for name, off in GTPOConfig.GTPO_SWITCHES.items():
                 if getattr(self, name) not in off:
                     refuse(name, f"GTPO's {name} applies to loss_type='gtpo' on TRL's engine; on TRL's loss "
                                  f"type {self.loss_type!r} it is an ablation of gtpo's own trainer (gtpo.GTPOTrainer, "
@@ -381,7 +359,7 @@ class TRLGTPOConfig(GRPOConfig):
     @property
     def resolved_logprob_temperature(self) -> float:
         """The temperature that divides the logits of the training forward (log-probs and entropies)."""
-        return self.temperature if self.logprob_temperature is None else self.logprob_temperature
+        return resolved(self, "logprob_temperature")
 
     # ------------------------------------------------------------------------------ constructors
     @classmethod
@@ -433,12 +411,8 @@ class TRLGTPOConfig(GRPOConfig):
         """
         c = config
 
-        def default(name: str) -> Any:
-            f = _GTPO_FIELDS[name]
-            return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
         # the fields given explicitly; without set_fields, those that differ from GTPOConfig's defaults
-        given = {n for n in _GTPO_FIELDS if getattr(c, n) != default(n)} if set_fields is None else set(set_fields)
+        given = {n for n in _GTPO_FIELDS if getattr(c, n) != field_default(n)} if set_fields is None else set(set_fields)
 
         def error(name: str, message: str) -> ConfigValueError:
             return ConfigValueError(f"{name}: {message}", name)
@@ -450,36 +424,23 @@ class TRLGTPOConfig(GRPOConfig):
             raise error("dynamic_sampling", "DAPO's dynamic sampling (resampling zero-variance groups) is not "
                         "available on TRL's engine: set dynamic_sampling: false, or use `engine: gtpo`")
         for name in ENGINE_ONLY:
-            if name in given and getattr(c, name) != default(name):
+            if name in given and getattr(c, name) != field_default(name):
                 logger.warning("%s=%r is a setting of gtpo's own trainer; TRL's engine ignores it", name,
                                getattr(c, name))
         mu = c.num_iterations
         out: dict[str, Any] = {name: getattr(c, name) for name in GTPO_METHOD_FIELDS}
         if c.loss_type == "gtpo":
             loss_type = "gtpo"
-        else:
-            from ..config import DEFAULT_AGGREGATION
-
-            aggregation = c.loss_aggregation or DEFAULT_AGGREGATION[c.loss_type]
-            loss_type = {"seq_mean_token_mean": "grpo", "constant": "dr_grpo", "token_mean": "dapo"}[aggregation]
-            out.update(conflict_masks=None, entropy_filter=None, gamma=None, completion_sign="all")
-            for name, on in (("conflict_masks", c.resolved_conflict_masks), ("entropy_filter", c.resolved_entropy_filter),
-                             ("gamma", c.resolved_gamma != 0), ("completion_sign", c.completion_sign != "all")):
-                if on:  # an ablation of gtpo's trainer
-                    out[name] = getattr(c, name)
+        else:  # TRL's loss type of the same aggregation (TRL's grpo / dr_grpo / dapo differ only there)
+            loss_type = {agg: name for name, agg in DEFAULT_AGGREGATION.items()}[c.resolved_loss_aggregation]
+            for name, off in GTPOConfig.GTPO_SWITCHES.items():  # on: an ablation of gtpo's trainer
+                out[name] = off[0] if getattr(c, name) in off else getattr(c, name)
         out.update(
-            output_dir=c.output_dir, seed=c.seed, loss_type=loss_type, num_generations=c.group_size,
-            scale_rewards=c.resolved_scale_rewards, num_iterations=mu, epsilon=c.epsilon, epsilon_high=c.epsilon_high,
-            beta=c.beta, max_completion_length=c.max_completion_length, temperature=c.temperature, top_p=c.top_p,
-            top_k=c.top_k, repetition_penalty=c.repetition_penalty, mask_truncated_completions=c.mask_truncated_completions,
-            reward_weights=c.reward_weights, learning_rate=c.learning_rate, lr_scheduler_type=c.lr_scheduler_type,
-            weight_decay=c.weight_decay, adam_beta1=c.adam_beta1, adam_beta2=c.adam_beta2, adam_epsilon=c.adam_epsilon,
-            max_grad_norm=c.max_grad_norm, gradient_checkpointing=c.gradient_checkpointing, optim=c.optim,
+            {name: getattr(c, name) for name in SAME_FIELDS},
+            loss_type=loss_type, num_generations=c.group_size, scale_rewards=c.resolved_scale_rewards,
             **trl_precision(c, adapter=adapter, cpu=bool(trl_options.get("use_cpu"))),
             max_steps=c.max_steps * mu, warmup_steps=int(math.ceil(c.warmup_ratio * c.max_steps * mu)),
-            logging_steps=c.logging_steps, report_to=list(c.report_to) or "none", run_name=c.run_name,
-            disable_tqdm=c.disable_tqdm, num_completions_to_print=c.num_completions_to_print,
-            save_total_limit=c.save_total_limit,
+            report_to=list(c.report_to) or "none",
             save_strategy="steps" if c.save_steps > 0 else "no", save_steps=max(c.save_steps, 1) * mu,
             eval_strategy="steps" if c.eval_steps > 0 else "no", eval_steps=max(c.eval_steps, 1) * mu,
         )

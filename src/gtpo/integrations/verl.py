@@ -71,7 +71,7 @@ from torch import Tensor
 
 from .. import method
 from ..advantages import group_advantages
-from ..config import GTPOConfig
+from ..config import GTPOConfig, fields_where
 from ..errors import ConfigError
 from ..losses import POLICY_LOSSES, LossExtras
 
@@ -139,23 +139,15 @@ if _missing:  # pragma: no cover - depends on the installed verl
                       f"{verl.__version__} lacks {_missing}")
 
 # ------------------------------------------------------------------------------------------ config
+# Each GTPOConfig field declares what it is on verl (its ``verl`` role, gtpo.config.VERL_ROLES); these are read from
+# the declarations.
 #: GTPOConfig fields that verl sets with its own options (GTPOConfig name -> verl's option); a GTPO preset or
 #: ``algorithm.gtpo`` may set them only to verl's value
-VERL_OWNED = {
-    "group_size": "actor_rollout_ref.rollout.n",
-    "temperature": "actor_rollout_ref.rollout.temperature",
-    "max_completion_length": "data.max_response_length",
-    "epsilon": "actor_rollout_ref.actor.clip_ratio_low",
-    "epsilon_high": "actor_rollout_ref.actor.clip_ratio_high",
-    "num_iterations": "actor_rollout_ref.actor.ppo_epochs",
-}
+VERL_OWNED = {name: GTPOConfig.__dataclass_fields__[name].metadata["verl_option"]
+              for name in fields_where("verl", "owned")}
 #: GTPOConfig fields that ``algorithm.gtpo`` may set (the method's); every other field is an engine's setting
 #: that verl configures its own way
-_METHOD_FIELDS = ("scale_rewards", "conflict_masks", "pos_weight", "neg_weight", "conflict_combine", "conflict_count",
-                  "divide_by_conflict_count", "completion_reduction", "entropy_filter", "entropy_threshold",
-                  "entropy_rule", "entropy_filter_scope", "gamma", "gamma_groups", "completion_sign",
-                  "logprob_temperature", "mask_truncated_completions", "dynamic_sampling", "overlong_buffer_length",
-                  "beta", "loss_type")
+_METHOD_FIELDS = fields_where("verl", "method")
 
 
 def _select(config, path: str, default: Any = None) -> Any:
@@ -202,8 +194,8 @@ def gtpo_config_from_verl(config) -> GTPOConfig:
                               f"optimiser and generation settings with its own options){hint}")
     chosen = GTPOConfig.apply_preset(preset, block)
     verl_values = _verl_values(config)
-    for name, option in VERL_OWNED.items():
-        value = verl_values[name]
+    for name, value in verl_values.items():
+        option = VERL_OWNED[name]
         if name in chosen and chosen[name] is not None and chosen[name] != value:
             origin = f"algorithm.gtpo.{name}" if name in block else f"the {preset!r} preset's {name}"
             raise ConfigError(f"{option}: {value!r} disagrees with {origin}={chosen[name]!r}; verl's option sets it "
