@@ -22,7 +22,7 @@ from gtpo.errors import ConfigValueError
 from gtpo.losses import grpo_loss, gtpo_loss, sampler_importance_weights
 from gtpo.padding import completion_mask_from_ids
 from gtpo.policy import PolicyForward
-from gtpo.rollout import Rollout, generate
+from gtpo.rollout import Rollout, SamplingParams, generate
 from gtpo.scoring import ScoredBatch
 
 import gtpo.vllm_engine as ve
@@ -414,13 +414,15 @@ class FakeEngine:
         self.syncs += 1
         return 0.0
 
-    def generate(self, prompt_ids, *, num_samples, max_new_tokens, temperature, top_p=1.0, top_k=0,
-                 repetition_penalty=1.0, eos_ids, pad_id, logprobs=True, seeds=None, progress=False):
-        self.calls.append(dict(prompts=len(prompt_ids), num_samples=num_samples, max_new_tokens=max_new_tokens,
+    def generate(self, prompt_ids, *, sampling=None, num_samples, eos_ids, pad_id, logprobs=True, seeds=None,
+                 progress=False, **settings):
+        sampling = SamplingParams.given(sampling, settings, "FakeEngine.generate")
+        temperature = sampling.temperature
+        self.calls.append(dict(prompts=len(prompt_ids), num_samples=num_samples, max_new_tokens=sampling.max_new_tokens,
                                temperature=temperature, logprobs=logprobs, eos_ids=list(eos_ids)))
         r = generate(self.model, self.tokenizer, [None] * len(prompt_ids), prompt_ids=[list(p) for p in prompt_ids],
-                     num_samples=num_samples, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                     top_k=top_k, do_sample=temperature > 0)
+                     num_samples=num_samples, max_new_tokens=sampling.max_new_tokens, temperature=temperature,
+                     top_p=sampling.top_p, top_k=sampling.top_k, do_sample=temperature > 0)
         if logprobs:
             t = temperature if self.logprobs_mode == "processed_logprobs" else 1.0
             with torch.no_grad():

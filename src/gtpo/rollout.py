@@ -21,10 +21,67 @@ from .lora_merge import merged_lora_layers
 from .padding import completion_mask_from_ids, left_pad
 from .shared_prefix import cache_kwarg
 
-__all__ = ["PromptSampler", "Rollout", "encode_dataset_prompts", "encode_prompts", "eos_token_ids", "generate",
-           "prompt_text"]
+__all__ = ["PromptSampler", "Rollout", "SamplingParams", "encode_dataset_prompts", "encode_prompts", "eos_token_ids",
+           "generate", "prompt_text"]
 
 logger = logging.getLogger("gtpo")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How completions are sampled: built once (:meth:`for_rollout`, :meth:`for_evaluation`) and passed to every
+    sampler as it is (gtpo's decoding loop and transformers ``generate`` in :func:`generate`, vLLM in
+    :meth:`gtpo.vllm_engine.VLLMEngine.generate`, the in-training evaluation).
+
+    Attributes:
+        max_new_tokens: T, the most tokens a completion gets.
+        temperature: divides the logits; ``<= 0`` decodes greedily.
+        top_p: nucleus sampling probability (1.0: off).
+        top_k: sample from the k most likely tokens (0: off).
+        repetition_penalty: 1.0: none (other values sample with transformers ``generate``).
+        do_sample: False decodes greedily whatever the temperature.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    do_sample: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        """Whether every sampler decodes greedily (``do_sample`` False or ``temperature <= 0``)."""
+        return not self.do_sample or self.temperature <= 0
+
+    @classmethod
+    def for_rollout(cls, config) -> "SamplingParams":
+        """The rollouts' sampling of ``config`` (a :class:`gtpo.GTPOConfig`): ``max_completion_length``,
+        ``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``."""
+        return cls(max_new_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
+                   top_k=config.top_k, repetition_penalty=config.repetition_penalty)
+
+    @classmethod
+    def for_evaluation(cls, config) -> "SamplingParams":
+        """The in-training evaluation's sampling of ``config``: ``eval_max_new_tokens`` (None:
+        ``max_completion_length``) at ``eval_temperature`` (0: greedy), no top-p / top-k truncation."""
+        return cls(max_new_tokens=config.resolved_eval_max_new_tokens, temperature=config.eval_temperature)
+
+    @classmethod
+    def given(cls, sampling: "SamplingParams | None", settings: dict, where: str) -> "SamplingParams":
+        """``sampling``, or the one the keyword ``settings`` of a sampler's call describe (``max_new_tokens=...,
+        temperature=...``: its fields, the others at their defaults); both at once, or a keyword that is no field,
+        is a TypeError naming ``where`` (the function called)."""
+        if sampling is not None and settings:
+            raise TypeError(f"{where}: pass sampling=SamplingParams(...) or its fields as keywords "
+                            f"({', '.join(sorted(settings))}), not both")
+        if sampling is not None:
+            return sampling
+        unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise TypeError(f"{where}() got unexpected keyword arguments {unknown} (SamplingParams fields: "
+                            f"{[f.name for f in dataclasses.fields(cls)]})")
+        return cls(**settings)
 
 
 @dataclass
@@ -151,19 +208,15 @@ def generate(
     tokenizer,
     prompts: list,
     *,
+    sampling: SamplingParams | None = None,
     num_samples: int = 1,
-    max_new_tokens: int = 256,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    repetition_penalty: float = 1.0,
-    do_sample: bool = True,
     batch_size: int | None = None,
     max_prompt_length: int | None = None,
     prompt_ids: list[list[int]] | None = None,
     share_prompt_prefill: bool = True,
     decode_loop: bool = True,
     merge_lora: bool = True,
+    **settings,
 ) -> Rollout:
     """Sample ``num_samples`` completions for each prompt.
 
@@ -171,10 +224,9 @@ def generate(
         model: a causal LM (a ``PreTrainedModel`` or a peft model; not a DDP wrapper).
         tokenizer: its tokenizer (pad token set).
         prompts: ``P`` prompts, strings or chat-message lists.
+        sampling: the :class:`SamplingParams` (``max_new_tokens`` T, temperature, top-p / top-k, repetition
+            penalty; greedy at ``temperature <= 0`` or ``do_sample=False``).
         num_samples: G, completions per prompt.
-        max_new_tokens: T at most.
-        temperature, top_p, top_k, repetition_penalty: sampling settings (``temperature <= 0`` or
-            ``do_sample=False`` decodes greedily).
         batch_size: completions per ``generate`` call (None: all at once).
         max_prompt_length: raise if a prompt is longer (the trainer drops such prompts beforehand).
         prompt_ids: pre-tokenised prompts (skips tokenisation).
@@ -189,12 +241,15 @@ def generate(
             linear layers holding their merged weights (:func:`gtpo.lora_merge.merged_lora_layers`:
             one matmul per layer instead of three; the model is left unchanged, one copy of the
             adapted weights is held while sampling); the same distribution up to float rounding.
+        settings: ``SamplingParams``' fields as keywords instead of ``sampling`` (``max_new_tokens=8,
+            temperature=0.7``).
 
     Returns:
         A :class:`Rollout` with ``N = P * num_samples`` rows, prompt-major.
     """
     from transformers import GenerationConfig
 
+    sampling = SamplingParams.given(sampling, settings, "generate")
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     if prompt_ids is None:
@@ -205,16 +260,16 @@ def generate(
                 raise ValueError(f"prompt {i} has {len(ids)} tokens, more than max_prompt_length={max_prompt_length}")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = eos_token_ids(tokenizer, model)
-    greedy = (not do_sample) or temperature <= 0
+    greedy = sampling.greedy
     gen_config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=sampling.max_new_tokens,
         do_sample=not greedy,
-        temperature=None if greedy else temperature,
-        top_p=None if greedy else top_p,
+        temperature=None if greedy else sampling.temperature,
+        top_p=None if greedy else sampling.top_p,
         # 0 = off, passed explicitly: left unset (None), transformers fills in its global default
         # top_k=50 and would sample from the 50 most likely tokens only
-        top_k=None if greedy else int(top_k or 0),
-        repetition_penalty=repetition_penalty,
+        top_k=None if greedy else int(sampling.top_k or 0),
+        repetition_penalty=sampling.repetition_penalty,
         eos_token_id=eos_ids,
         pad_token_id=pad_id,
         bos_token_id=getattr(tokenizer, "bos_token_id", None),

@@ -53,7 +53,7 @@ from .errors import TrainingStopped
 from .losses import POLICY_LOSSES, LossExtras, sampler_importance_weights
 from .metric_names import canonical_name
 from .policy import PolicyForward
-from .rollout import PromptSampler, Rollout, encode_dataset_prompts, eos_token_ids, generate
+from .rollout import PromptSampler, Rollout, SamplingParams, encode_dataset_prompts, eos_token_ids, generate
 from .scoring import RewardScorer, ScoredBatch, overlong_penalty
 from .trackers import check_trackers, start_trackers
 
@@ -384,22 +384,25 @@ class GTPOTrainer:
                              times=(time.perf_counter() - t0, t_gen, t_upd))
 
     # ------------------------------------------------------------------ 1-2. rollout and score
+    @property
+    def sampling(self) -> SamplingParams:
+        """How the rollouts sample (``SamplingParams.for_rollout(self.args)``), whichever sampler runs them."""
+        return SamplingParams.for_rollout(self.args)
+
     def sample_rollout(self, rows: list[int]) -> Rollout:
         """``group_size`` completions for each of the dataset ``rows`` (this process's prompts)."""
         a = self.args
         try:
+            prompt_ids = [self._prompt_ids[r] for r in rows]
             if a.use_vllm:
                 return self.vllm_engine.generate(
-                    [self._prompt_ids[r] for r in rows], num_samples=a.group_size, max_new_tokens=a.max_completion_length,
-                    temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, repetition_penalty=a.repetition_penalty,
-                    eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id, logprobs=a.vllm_logprobs_mode is not None,
+                    prompt_ids, sampling=self.sampling, num_samples=a.group_size, eos_ids=self.eos_ids,
+                    pad_id=self.tokenizer.pad_token_id, logprobs=a.vllm_logprobs_mode is not None,
                 )
             with self.precision.context(self.accelerator.device):  # sampling in the run's dtype too
                 return generate(
-                    self.unwrapped_model, self.tokenizer, [None] * len(rows),
-                    prompt_ids=[self._prompt_ids[r] for r in rows], num_samples=a.group_size,
-                    max_new_tokens=a.max_completion_length, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
-                    repetition_penalty=a.repetition_penalty, batch_size=a.generation_batch_size,
+                    self.unwrapped_model, self.tokenizer, [None] * len(rows), sampling=self.sampling,
+                    prompt_ids=prompt_ids, num_samples=a.group_size, batch_size=a.generation_batch_size,
                     decode_loop=a.decode_loop, merge_lora=a.merge_lora_for_sampling,
                 )
         except RuntimeError as err:
@@ -783,10 +786,9 @@ class GTPOTrainer:
         a = self.args
         with self.precision.context(self.accelerator.device):
             return evaluate_during_training(
-                self.unwrapped_model, self.tokenizer, self.eval_dataset, n=a.eval_num_samples, k_list=a.eval_k,
-                max_new_tokens=a.eval_max_new_tokens or a.max_completion_length, temperature=a.eval_temperature,
-                batch_size=a.generation_batch_size or 64, reward_fn=self.eval_reward_func, engine=self.vllm_engine,
-                merge_lora=a.merge_lora_for_sampling,
+                self.unwrapped_model, self.tokenizer, self.eval_dataset, sampling=SamplingParams.for_evaluation(a),
+                n=a.eval_num_samples, k_list=a.eval_k, batch_size=a.generation_batch_size or 64,
+                reward_fn=self.eval_reward_func, engine=self.vllm_engine, merge_lora=a.merge_lora_for_sampling,
             )
 
     def _probe(self) -> dict[str, float]:

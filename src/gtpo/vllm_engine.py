@@ -39,6 +39,7 @@ Importing this module never imports vLLM; constructing an engine without it rais
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import importlib.util
 import logging
@@ -54,7 +55,7 @@ import torch
 
 from .lora_merge import dense_base_weight, is_bnb_layer, lora_merged_weight
 from .padding import left_pad
-from .rollout import Rollout
+from .rollout import Rollout, SamplingParams
 
 __all__ = ["SUPPORTED_VLLM", "VLLM_INSTALL_HINT", "VLLMEngine", "check_vllm_version", "default_kv_cache_bytes",
            "dense_weights", "installed_vllm_version", "require_vllm", "rollout_from_outputs", "vllm_available"]
@@ -336,6 +337,22 @@ def _write_model_files(model, tokenizer, directory: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------- engine
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+    """How :class:`VLLMEngine` starts its ``vllm.LLM`` (the constructors' keyword arguments, documented there)."""
+
+    max_model_len: int
+    dtype: str | torch.dtype = "auto"
+    gpu_memory_utilization: float = 0.3
+    kv_cache_memory_bytes: int | None = None
+    max_num_seqs: int | None = None
+    enforce_eager: bool | None = None
+    seed: int = 0
+    logprobs_mode: str = "processed_logprobs"
+    llm_kwargs: dict | None = None
+    enable_sleep_mode: bool = False
+
+
 class VLLMEngine:
     """A colocated vLLM engine: sampling (:meth:`generate`) and weight updates (:meth:`update_weights`).
 
@@ -373,12 +390,12 @@ class VLLMEngine:
 
     # -------------------------------------------------------------------- construction
     @classmethod
-    def _start(cls, source: str, tokenizer, *, max_model_len: int, dtype: str | torch.dtype,
-               gpu_memory_utilization: float, kv_cache_memory_bytes: int | None, max_num_seqs: int | None,
-               enforce_eager: bool | None, seed: int, logprobs_mode: str, llm_kwargs: dict | None,
-               dummy: bool, config=None, directory: str | None = None, enable_sleep_mode: bool = False
-               ) -> "VLLMEngine":
+    def _start(cls, source: str, tokenizer, options: EngineOptions, *, dummy: bool, config=None,
+               directory: str | None = None) -> "VLLMEngine":
         require_vllm("a vLLM engine")
+        o = options
+        max_model_len, dtype, logprobs_mode, max_num_seqs = o.max_model_len, o.dtype, o.logprobs_mode, o.max_num_seqs
+        kv_cache_memory_bytes, enable_sleep_mode = o.kv_cache_memory_bytes, o.enable_sleep_mode
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode: expected one of {list(LOGPROBS_MODES)}, got {logprobs_mode!r}")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: tensors reach the engine directly
@@ -388,8 +405,8 @@ class VLLMEngine:
 
             cpu = current_platform.is_cpu()
             kw: dict[str, Any] = dict(
-                model=source, tokenizer=source, max_model_len=int(max_model_len), seed=int(seed),
-                enforce_eager=cpu if enforce_eager is None else bool(enforce_eager), logprobs_mode=logprobs_mode,
+                model=source, tokenizer=source, max_model_len=int(max_model_len), seed=int(o.seed),
+                enforce_eager=cpu if o.enforce_eager is None else bool(o.enforce_eager), logprobs_mode=logprobs_mode,
                 generation_config="vllm",  # sampling settings come from gtpo, not the model's defaults
             )
             if dtype != "auto":
@@ -409,14 +426,14 @@ class VLLMEngine:
                                                                    max_model_len=max_model_len)
                 kw["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
             else:
-                kw["gpu_memory_utilization"] = float(gpu_memory_utilization)
+                kw["gpu_memory_utilization"] = float(o.gpu_memory_utilization)
                 if kv_cache_memory_bytes is not None:
                     kw["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
             if torch.distributed.is_available() and torch.distributed.is_initialized() \
                     and torch.distributed.get_world_size() > 1:
                 # DDP: an engine per process over the existing process group (TRL's colocate mode)
                 kw["distributed_executor_backend"] = "external_launcher"
-            kw.update(llm_kwargs or {})
+            kw.update(o.llm_kwargs or {})
             started = time.perf_counter()
             llm = LLM(**kw)
         logger.info("vLLM engine ready in %.1f s (%s, max_model_len %d%s)", time.perf_counter() - started,
@@ -440,13 +457,12 @@ class VLLMEngine:
         try:
             _write_model_files(model, tokenizer, directory)
             base = model.get_base_model() if hasattr(model, "get_base_model") else model
-            engine = cls._start(directory, tokenizer, max_model_len=max_model_len,
-                                dtype=_model_dtype(model) if dtype == "auto" else dtype,
-                                gpu_memory_utilization=gpu_memory_utilization,
-                                kv_cache_memory_bytes=kv_cache_memory_bytes, max_num_seqs=max_num_seqs,
-                                enforce_eager=enforce_eager, seed=seed, logprobs_mode=logprobs_mode,
-                                llm_kwargs=llm_kwargs, dummy=True, config=base.config, directory=directory,
-                                enable_sleep_mode=enable_sleep_mode)
+            options = EngineOptions(
+                max_model_len=max_model_len, dtype=_model_dtype(model) if dtype == "auto" else dtype,
+                gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
+                max_num_seqs=max_num_seqs, enforce_eager=enforce_eager, seed=seed, logprobs_mode=logprobs_mode,
+                llm_kwargs=llm_kwargs, enable_sleep_mode=enable_sleep_mode)
+            engine = cls._start(directory, tokenizer, options, dummy=True, config=base.config, directory=directory)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -463,10 +479,11 @@ class VLLMEngine:
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(path)
-        return cls._start(str(path), tokenizer, max_model_len=max_model_len, dtype=dtype,
-                          gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
-                          max_num_seqs=max_num_seqs, enforce_eager=enforce_eager, seed=seed,
-                          logprobs_mode=logprobs_mode, llm_kwargs=llm_kwargs, dummy=False, config=config)
+        options = EngineOptions(max_model_len=max_model_len, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                                kv_cache_memory_bytes=kv_cache_memory_bytes, max_num_seqs=max_num_seqs,
+                                enforce_eager=enforce_eager, seed=seed, logprobs_mode=logprobs_mode,
+                                llm_kwargs=llm_kwargs)
+        return cls._start(str(path), tokenizer, options, dummy=False, config=config)
 
     # -------------------------------------------------------------------- weights
     @torch.no_grad()
@@ -509,29 +526,33 @@ class VLLMEngine:
         return seconds
 
     # -------------------------------------------------------------------- sampling
-    def sampling_params(self, *, n: int, max_new_tokens: int, temperature: float, top_p: float = 1.0, top_k: int = 0,
-                        repetition_penalty: float = 1.0, seed: int | None = None, eos_ids: Sequence[int] = (),
-                        logprobs: bool = True):
-        """``vllm.SamplingParams`` of one prompt (``temperature <= 0``: greedy)."""
-        from vllm import SamplingParams
+    def sampling_params(self, sampling: SamplingParams | None = None, *, n: int, seed: int | None = None,
+                        eos_ids: Sequence[int] = (), logprobs: bool = True, **settings):
+        """``vllm.SamplingParams`` of one prompt from gtpo's ``sampling`` (or its fields as keywords; greedy:
+        ``sampling.greedy``)."""
+        import vllm
 
-        greedy = temperature <= 0
-        return SamplingParams(
-            n=n, max_tokens=max_new_tokens, temperature=0.0 if greedy else float(temperature),
-            top_p=1.0 if greedy else float(top_p), top_k=0 if greedy or not top_k else int(top_k),
-            repetition_penalty=float(repetition_penalty), seed=None if greedy else seed,
+        sampling = SamplingParams.given(sampling, settings, "sampling_params")
+        greedy = sampling.greedy
+        return vllm.SamplingParams(
+            n=n, max_tokens=sampling.max_new_tokens, temperature=0.0 if greedy else float(sampling.temperature),
+            top_p=1.0 if greedy else float(sampling.top_p),
+            top_k=0 if greedy or not sampling.top_k else int(sampling.top_k),
+            repetition_penalty=float(sampling.repetition_penalty), seed=None if greedy else seed,
             stop_token_ids=list(eos_ids), logprobs=0 if logprobs else None, detokenize=False,
         )
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], *, num_samples: int, max_new_tokens: int,
-                 temperature: float, top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0,
-                 eos_ids: Sequence[int], pad_id: int, logprobs: bool = True, seeds: Sequence[int] | None = None,
-                 progress: bool = False) -> Rollout:
-        """``num_samples`` completions of each of the ``P`` token-id prompts, as a :class:`Rollout` with
+    def generate(self, prompt_ids: Sequence[Sequence[int]], *, sampling: SamplingParams | None = None,
+                 num_samples: int, eos_ids: Sequence[int], pad_id: int, logprobs: bool = True,
+                 seeds: Sequence[int] | None = None, progress: bool = False, **settings) -> Rollout:
+        """``num_samples`` completions of each of the ``P`` token-id prompts sampled as ``sampling`` says (or its
+        fields as keywords: ``max_new_tokens=..., temperature=...``), as a :class:`Rollout` with
         ``sampling_logp`` (``logprobs``). ``seeds``: one per prompt; None draws them from torch's global
         generator (reproducible under ``torch.manual_seed`` and across a checkpoint's resume)."""
         from vllm.inputs import TokensPrompt
 
+        sampling = SamplingParams.given(sampling, settings, "VLLMEngine.generate")
+        max_new_tokens = sampling.max_new_tokens
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         if not prompt_ids:
@@ -544,9 +565,8 @@ class VLLMEngine:
                     "--backend-args '{max_model_len: N}')")
         if seeds is None:
             seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),)).tolist()
-        params = [self.sampling_params(n=num_samples, max_new_tokens=max_new_tokens, temperature=temperature,
-                                       top_p=top_p, top_k=top_k, repetition_penalty=repetition_penalty, seed=int(s),
-                                       eos_ids=eos_ids, logprobs=logprobs) for s in seeds]
+        params = [self.sampling_params(sampling, n=num_samples, seed=int(s), eos_ids=eos_ids, logprobs=logprobs)
+                  for s in seeds]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids], params,
                                     use_tqdm=progress)
         return rollout_from_outputs(outputs, prompt_ids, num_samples=num_samples, pad_id=pad_id, eos_ids=eos_ids,

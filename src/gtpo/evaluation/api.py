@@ -249,17 +249,19 @@ def seeded(seed: int):
 
 
 def generate_samples(
-    model, tokenizer, rows: list[dict], *, n: int, temperature: float, top_p: float, top_k: int,
-    max_new_tokens: int, batch_size: int | None, max_prompt_length: int | None, progress: bool,
-    keep_ids: bool = False, engine: Any = None, merge_lora: bool = True,
+    model, tokenizer, rows: list[dict], *, sampling: Any = None, n: int, batch_size: int | None,
+    max_prompt_length: int | None, progress: bool, keep_ids: bool = False, engine: Any = None, merge_lora: bool = True,
+    **settings,
 ) -> list[list[dict]]:
-    """``n`` sampled completions of every row: per row, ``n`` dicts (text, length, truncated,
+    """``n`` completions of every row sampled as ``sampling`` (a :class:`gtpo.rollout.SamplingParams`, or its fields as
+    keywords) says: per row, ``n`` dicts (text, length, truncated,
     and with ``keep_ids`` the completion's token ids under ``"ids"``). With ``engine`` (a
     :class:`gtpo.vllm_engine.VLLMEngine`) vLLM samples every row in one call (it batches by itself);
     otherwise ``gtpo.rollout.generate`` samples ``batch_size`` completions at a time (with its
     ``merge_lora``)."""
-    from gtpo.rollout import encode_prompts, eos_token_ids, generate
+    from gtpo.rollout import SamplingParams, encode_prompts, eos_token_ids, generate
 
+    sampling = SamplingParams.given(sampling, settings, "generate_samples")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     for i, row in enumerate(rows):
@@ -272,7 +274,6 @@ def generate_samples(
 
         chunks = tqdm(chunks, desc="generating", unit="chunk", file=sys.stderr)
     out: list[list[dict]] = []
-    greedy = temperature <= 0
     for start in chunks:
         part = rows[start:start + per_call]
         if engine is not None:
@@ -283,17 +284,13 @@ def generate_samples(
                         raise ValueError(f"prompt {start + i} has {len(ids)} tokens, more than "
                                          f"max_prompt_length={max_prompt_length}")
             pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-            rollout = engine.generate(
-                prompt_ids, num_samples=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                top_k=top_k, eos_ids=eos_token_ids(tokenizer, model), pad_id=pad_id, logprobs=False,
-                progress=progress,
-            )
+            rollout = engine.generate(prompt_ids, sampling=sampling, num_samples=n,
+                                      eos_ids=eos_token_ids(tokenizer, model), pad_id=pad_id, logprobs=False,
+                                      progress=progress)
         else:
             rollout = generate(
-                model, tokenizer, [r["prompt"] for r in part], num_samples=n,
-                max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                do_sample=not greedy, batch_size=batch_size, max_prompt_length=max_prompt_length,
-                merge_lora=merge_lora,
+                model, tokenizer, [r["prompt"] for r in part], sampling=sampling, num_samples=n,
+                batch_size=batch_size, max_prompt_length=max_prompt_length, merge_lora=merge_lora,
             )
         lengths = rollout.completion_mask.sum(dim=1).tolist()
         truncated = rollout.truncated.tolist()
@@ -403,9 +400,12 @@ def _generation_results(model, tokenizer, rows: list[dict], name: str, model_nam
     """Sample ``opts.n`` completions per row (seeded; ``engine``: vLLM, closed afterwards), judge and score them."""
     try:
         with seeded(opts.seed):
+            from gtpo.rollout import SamplingParams
+
+            sampling = SamplingParams(max_new_tokens=opts.max_new_tokens, temperature=opts.temperature,
+                                      top_p=opts.top_p, top_k=opts.top_k)
             generated = generate_samples(
-                model, tokenizer, rows, n=opts.n, temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
-                max_new_tokens=opts.max_new_tokens, batch_size=opts.batch_size,
+                model, tokenizer, rows, sampling=sampling, n=opts.n, batch_size=opts.batch_size,
                 max_prompt_length=opts.max_prompt_length, progress=opts.progress, engine=engine,
             )
     finally:
@@ -488,14 +488,12 @@ def evaluate_during_training(
     tokenizer,
     dataset: Any,
     *,
+    sampling: Any = None,
     n: int = 1,
     k_list: Sequence[int] = (1,),
-    max_new_tokens: int = 256,
-    temperature: float = 0.0,
     batch_size: int | None = 64,
     reward_fn: Callable[..., list] | str | None = None,
     correct_threshold: float = CORRECT_SCORE,
-    top_p: float = 1.0,
     answer_from: str = "auto",
     max_prompt_length: int | None = None,
     maj_estimator: str = "expected",
@@ -503,6 +501,7 @@ def evaluate_during_training(
     seed: int = 0,
     engine: Any = None,
     merge_lora: bool = True,
+    **settings,
 ) -> dict[str, float]:
     """A cheap evaluation for the trainer's ``eval_steps``: flat ``eval/*`` metrics.
 
@@ -520,6 +519,9 @@ def evaluate_during_training(
         tokenizer: its tokenizer.
         dataset: rows with ``prompt`` and ``answer`` (``gtpo.data.load_task``), a
             ``datasets.Dataset`` or a list of dicts.
+        sampling: a :class:`gtpo.rollout.SamplingParams` (the trainer's:
+            ``SamplingParams.for_evaluation(config)``), or its fields as keywords (``max_new_tokens=...,
+            temperature=...``; the defaults here: greedy, 256 new tokens).
         engine: a :class:`gtpo.vllm_engine.VLLMEngine` serving ``model``'s current weights (the trainer's
             with ``use_vllm``): it samples instead of ``gtpo.rollout.generate``.
         merge_lora: ``gtpo.rollout.generate``'s (float32 LoRA layers merged while sampling).
@@ -534,10 +536,14 @@ def evaluate_during_training(
     Returns:
         ``{"eval/<metric>": float}``.
     """
+    from gtpo.rollout import SamplingParams
+
+    sampling = SamplingParams.given(sampling, {"temperature": 0.0, **settings} if sampling is None else settings,
+                                    "evaluate_during_training")
     rows = dataset.to_list() if hasattr(dataset, "to_list") else [dict(r) for r in dataset]
     if not rows:
         raise ValueError("eval dataset: it has no rows")
-    greedy = temperature <= 0
+    greedy = sampling.greedy
     n = 1 if greedy else as_count(n, "n")
     if n == 0:
         raise ValueError("n must be >= 1, got 0")
@@ -545,8 +551,7 @@ def evaluate_during_training(
     maj_ks = [] if greedy else [k for k in ks if k > 1]
     with seeded(seed):
         generated = generate_samples(
-            model, tokenizer, rows, n=n, temperature=max(temperature, 0.0), top_p=top_p, top_k=0,
-            max_new_tokens=max_new_tokens, batch_size=batch_size,
+            model, tokenizer, rows, sampling=sampling, n=n, batch_size=batch_size,
             max_prompt_length=max_prompt_length, progress=False, keep_ids=reward_fn is not None,
             engine=engine, merge_lora=merge_lora,
         )
