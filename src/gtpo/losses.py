@@ -361,7 +361,7 @@ def _clipped_policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tens
     return grpo_loss(
         logp, completion_mask, advantages, old_logp=old_logp, ref_logp=extras.ref_logp, beta=config.beta,
         eps_low=config.epsilon, eps_high=config.resolved_epsilon_high,
-        aggregation=config.loss_aggregation or DEFAULT_AGGREGATION[config.loss_type],
+        aggregation=config.resolved_loss_aggregation,
         max_completion_length=config.max_completion_length, num_sequences=extras.num_sequences,
         num_tokens=extras.num_tokens, token_weights=extras.token_weights, is_weights=extras.is_weights,
     )
