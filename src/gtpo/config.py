@@ -462,6 +462,13 @@ class GTPOConfig:
         trl="same", verl="engine")
     warmup_ratio: float = _f(0.0, "Fraction of max_steps used for linear warm-up. [C] 0.005.",
         trl="renamed", trl_name="warmup_steps", verl="engine")
+    warmup_steps: float = _f(
+        0.0,
+        "Linear warm-up from 0 to learning_rate, with TRL's (transformers') meaning of warmup_steps: a number >= 1 of "
+        "steps, or a fraction in (0, 1) of max_steps (rounded up); 0: warmup_ratio decides. When > 0 it overrides "
+        "warmup_ratio. TRL's engine: passed as warmup_steps in its optimizer steps (times num_iterations).",
+        trl="converted", verl="engine",
+    )
     weight_decay: float = _f(0.0, "AdamW weight decay. [C] 0.1.", trl="same", verl="engine")
     adam_beta1: float = _f(0.9, "AdamW beta1. [C] 0.999999 (as released).", trl="same", verl="engine")
     adam_beta2: float = _f(0.999, "AdamW beta2. [C] 0.999999 (as released).", trl="same", verl="engine")
@@ -831,6 +838,7 @@ class GTPOConfig:
         at_least("max_grad_norm", 0.0, allow_inf=True)  # inf (like 0): no clipping
         at_least("weight_decay", 0.0)
         at_least("warmup_ratio", 0.0)
+        at_least("warmup_steps", 0.0)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"GTPOConfig.top_p must be in (0, 1], got {self.top_p!r}")
         if self.warmup_ratio > 1.0:
@@ -961,6 +969,15 @@ class GTPOConfig:
         per-row masks come from the trainer)."""
         return dict(threshold=self.entropy_threshold if self.resolved_entropy_filter else None,
                     gamma=self.resolved_gamma, scope=self.entropy_filter_scope)
+
+    def num_warmup_steps(self, updates_per_step: int = 1) -> int:
+        """Warm-up steps of the learning-rate schedule over ``max_steps * updates_per_step`` optimizer steps (TRL's
+        engine counts ``num_iterations`` updates per step): ``warmup_steps`` (a count, times ``updates_per_step``, or a
+        fraction of the steps) when > 0, else ``warmup_ratio`` of the steps, rounded up."""
+        if self.warmup_steps >= 1:
+            return int(self.warmup_steps) * updates_per_step
+        fraction = self.warmup_steps if self.warmup_steps > 0 else self.warmup_ratio
+        return int(math.ceil(fraction * self.max_steps * updates_per_step))
 
     def conflict_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of :func:`gtpo.conflict.conflict_weights`."""

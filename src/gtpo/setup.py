@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any, Collection, Iterable
 
@@ -370,13 +369,13 @@ def build_optimizer(params: Iterable[nn.Parameter], args: GTPOConfig, device: to
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, args: GTPOConfig):
-    """``transformers.get_scheduler(lr_scheduler_type)`` over ``max_steps`` with ``warmup_ratio`` of them
-    warming up (rounded up)."""
+    """``transformers.get_scheduler(lr_scheduler_type)`` over ``max_steps`` with ``args.num_warmup_steps()`` of them
+    warming up (``warmup_steps``, else ``warmup_ratio`` of them, rounded up)."""
     from transformers import get_scheduler
 
     try:
         return get_scheduler(args.lr_scheduler_type, optimizer,
-                             num_warmup_steps=int(math.ceil(args.warmup_ratio * args.max_steps)),
+                             num_warmup_steps=args.num_warmup_steps(),
                              num_training_steps=args.max_steps)
     except (ValueError, TypeError, KeyError) as err:
         raise ValueError(f"GTPOConfig.lr_scheduler_type={args.lr_scheduler_type!r} cannot be used: {err}") from err

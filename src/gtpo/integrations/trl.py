@@ -70,7 +70,7 @@ the defaults and documentation of :class:`gtpo.GTPOConfig` (read from its datacl
 * ``scale_rewards`` None -> GTPOConfig's rule (:func:`gtpo.config.resolved`, on both engines): "none" for gtpo and
   dr_grpo, "group" otherwise (TRL's default);
 * ``max_steps`` (rollout steps, each with ``num_iterations`` updates) -> ``max_steps * num_iterations``
-  (TRL counts optimizer steps); ``warmup_ratio`` -> ``warmup_steps``;
+  (TRL counts optimizer steps); ``warmup_steps`` and ``warmup_ratio`` -> ``warmup_steps`` (optimizer steps);
 * ``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``max_completion_length``, ``num_iterations``,
   ``epsilon``, ``epsilon_high``, ``beta``, ``mask_truncated_completions``, ``reward_weights`` and the optimiser
   and logging fields -> the same names, the same meaning;
@@ -106,7 +106,6 @@ import copy
 import dataclasses
 import json
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -439,7 +438,7 @@ class TRLGTPOConfig(GRPOConfig):
             {name: getattr(c, name) for name in SAME_FIELDS},
             loss_type=loss_type, num_generations=c.group_size, scale_rewards=c.resolved_scale_rewards,
             **trl_precision(c, adapter=adapter, cpu=bool(trl_options.get("use_cpu"))),
-            max_steps=c.max_steps * mu, warmup_steps=int(math.ceil(c.warmup_ratio * c.max_steps * mu)),
+            max_steps=c.max_steps * mu, warmup_steps=c.num_warmup_steps(mu),
             report_to=list(c.report_to) or "none",
             save_strategy="steps" if c.save_steps > 0 else "no", save_steps=max(c.save_steps, 1) * mu,
             eval_strategy="steps" if c.eval_steps > 0 else "no", eval_steps=max(c.eval_steps, 1) * mu,
