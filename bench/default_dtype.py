@@ -50,10 +50,10 @@ def default_trainer(dtype: str, output_dir: str, seed: int, max_completion_lengt
     inputs = load_run_inputs(spec, source=source, options=options)
     run, config = inputs.run, inputs.config
     model, tokenizer = load_model_and_tokenizer(
-        inputs.model, **run_load_kwargs(config, adapter=run["peft"] is not None, device=torch.device("cpu")))
+        inputs.model, **run_load_kwargs(config, adapter=run.peft is not None, device=torch.device("cpu")))
     trainer = GTPOTrainer(model, inputs.reward_funcs, inputs.train_dataset, args=config, processing_class=tokenizer,
-                          peft_config=build_peft_config(run["peft"]))
-    return trainer, int(run["peft"]["r"]) if run["peft"] else 0
+                          peft_config=build_peft_config(run.peft))
+    return trainer, int(run.peft["r"]) if run.peft else 0
 
 
 def worker(spec: dict) -> dict:

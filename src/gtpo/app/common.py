@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from ..config import GTPOConfig
 from ..errors import ConfigError
+from .spec import RunSpec
 
 __all__ = ["AccuracyFn", "RunHooks", "RunInputs", "build_peft_config", "dataset_spec", "finish_run",
            "greedy_accuracy", "load_dataset_spec", "where_of", "write_summary_and_report"]
@@ -89,11 +90,11 @@ class RunHooks:
 
 @dataclass
 class RunInputs:
-    """What a spec's run is made of once loaded: ``run`` (the run keys) and ``config`` (:class:`GTPOConfig`),
-    the training / held-out datasets, the reward functions, the before/after scorer and the model to train (after
-    the SFT warm-up when there is one)."""
+    """What a spec's run is made of once loaded: ``run`` (the run keys: :class:`gtpo.app.spec.RunSpec`) and
+    ``config`` (:class:`GTPOConfig`), the training / held-out datasets, the reward functions, the before/after
+    scorer and the model to train (after the SFT warm-up when there is one)."""
 
-    run: dict[str, Any]
+    run: RunSpec
     config: GTPOConfig
     train_dataset: Any
     eval_dataset: Any
@@ -109,7 +110,7 @@ def finish_run(summary: dict[str, Any], inputs: RunInputs, model, tokenizer, bef
     ``summary.json`` and the report."""
     hooks = hooks or RunHooks()
     eval_ds, config = inputs.eval_dataset, inputs.config
-    if inputs.run["eval_before_after"] and eval_ds is not None:
+    if inputs.run.eval_before_after and eval_ds is not None:
         after = hooks.accuracy(model, tokenizer, eval_ds, inputs.eval_reward, config, engine=engine)
         summary.update({"accuracy_after": after, "eval_size": len(eval_ds)})
         if before is not None:

@@ -20,23 +20,23 @@ from typing import Any
 from ..config import GTPOConfig
 from ..errors import CheckpointError, ConfigError, TrainingStopped
 from .common import RunHooks, RunInputs, build_peft_config, finish_run, load_dataset_spec, where_of
-from .spec import split_spec
+from .spec import RunSpec, split_spec
 
 logger = logging.getLogger("gtpo")
 
 __all__ = ["load_run_inputs", "resume_command", "run_training", "sft_warmup"]
 
-def _check_runnable(run: dict[str, Any], config: GTPOConfig, *, source: str, options) -> None:
+def _check_runnable(run: RunSpec, config: GTPOConfig, *, source: str, options) -> None:
     """A run needs a model, a dataset and reward functions; ``use_vllm`` on gtpo's engine needs vLLM."""
     missing = [(key, hint) for key, hint in (
         ("model", "--model PATH|HUB_ID"), ("dataset", "--dataset NAME|FILE"),
         ("reward_funcs", "--reward_funcs correctness (names: paper, correctness, format, ...)"))
-        if not run[key]]
+        if not getattr(run, key)]
     if missing:
         raise ConfigError(
             f"{source}: a run needs " + "; ".join(f"{key} (set `{key}:` or pass {hint})" for key, hint in missing)
             + ". Only `gtpo train` without arguments runs the offline demo; `--demo` starts from it")
-    if config.use_vllm and run["engine"] == "gtpo":
+    if config.use_vllm and run.engine == "gtpo":
         from ..vllm_engine import VLLM_INSTALL_HINT, vllm_available
 
         if not vllm_available():
@@ -61,18 +61,18 @@ def load_run_inputs(spec: dict[str, Any], *, source: str, options=frozenset()) -
     # before anything imports peft or TRL (which import bitsandbytes), so checking the spec imports it quietly too
     import_bitsandbytes_quietly(quantizing=_quantizes(spec))
     run, config = split_spec(spec, source=source, options=options)
-    logging.basicConfig(level=getattr(logging, str(run["log_level"]).upper(), logging.INFO),
+    logging.basicConfig(level=getattr(logging, run.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _check_runnable(run, config, source=source, options=options)
     from ..trackers import check_trackers
 
     check_trackers(config.report_to, where=where_of(options, "report_to", source))  # both engines, before loading
-    train_ds = load_dataset_spec(run["dataset"], default_split="train")
-    eval_ds = None if run["eval_dataset"] is None else load_dataset_spec(run["eval_dataset"], default_split="test")
-    rewards = [resolve_reward(r) for r in run["reward_funcs"]]
-    eval_reward = resolve_reward(run["eval_reward"]) if run["eval_reward"] else None
-    model = str(run["model"])
-    if run["sft_warmup"]:
+    train_ds = load_dataset_spec(run.dataset, default_split="train")
+    eval_ds = None if run.eval_dataset is None else load_dataset_spec(run.eval_dataset, default_split="test")
+    rewards = [resolve_reward(r) for r in run.reward_funcs]
+    eval_reward = resolve_reward(run.eval_reward) if run.eval_reward else None
+    model = str(run.model)
+    if run.sft_warmup:
         model = sft_warmup(model, train_ds, run, config)
     return RunInputs(run, config, train_ds, eval_ds, rewards, eval_reward, model)
 
@@ -87,7 +87,7 @@ def run_training(spec: dict[str, Any], *, source: str, argv: list[str] | None = 
     :class:`~gtpo.errors.CheckpointError` with a note naming the resume command."""
     hooks = hooks or RunHooks()
     inputs = load_run_inputs(spec, source=source, options=options)
-    if inputs.run["engine"] == "trl":
+    if inputs.run.engine == "trl":
         _refuse_resuming_a_finished_trl_run(inputs)
         from .trl_run import run_trl_training
 
@@ -104,20 +104,20 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
     from ..trainer import GTPOTrainer, cpu_only
 
     run, config, eval_ds = inputs.run, inputs.config, inputs.eval_dataset
-    probes = {k: tuple(v) for k, v in (run["probes"] or {}).items()}
+    probes = {k: tuple(v) for k, v in (run.probes or {}).items()}
     state = PartialState(cpu=cpu_only())  # as the trainer's Accelerator: the process state is a singleton
     # loaded after the process state exists, as the trainer would load it (gtpo.setup, docs/gpu.md): the run's dtype,
     # and on a GPU onto this process's device (a 4-bit base is placed while loading: GPU 0 for all otherwise)
     model, tokenizer = load_model_and_tokenizer(
-        inputs.model, **run_load_kwargs(config, adapter=run["peft"] is not None, device=state.device))
-    resume = run["resume_from_checkpoint"]
-    measure_before = run["eval_before_after"] and eval_ds is not None and not resume
+        inputs.model, **run_load_kwargs(config, adapter=run.peft is not None, device=state.device))
+    resume = run.resume_from_checkpoint
+    measure_before = run.eval_before_after and eval_ds is not None and not resume
     before = None
     if measure_before and not config.use_vllm and state.is_main_process:
         before = hooks.accuracy(model, tokenizer, eval_ds, inputs.eval_reward, config)
         print(f"greedy accuracy before training: {before:.1%} on {len(eval_ds)} held-out problems", flush=True)
     trainer = GTPOTrainer(model, inputs.reward_funcs, inputs.train_dataset, args=config, processing_class=tokenizer,
-                          peft_config=build_peft_config(run["peft"]), eval_dataset=eval_ds,
+                          peft_config=build_peft_config(run.peft), eval_dataset=eval_ds,
                           eval_reward_func=inputs.eval_reward, probe_texts=probes)
     if hooks.on_trainer is not None:
         hooks.on_trainer(trainer)
@@ -146,7 +146,7 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
             print(f"training stopped by {trainer.stopped_by} after step {trainer.global_step} of {config.max_steps}; "
                   f"checkpoint: {trainer.stopped_early}\nresume with: {again}", flush=True)
         return 0
-    engine = trainer.vllm_engine if run["eval_before_after"] and eval_ds is not None else None  # every process syncs
+    engine = trainer.vllm_engine if run.eval_before_after and eval_ds is not None else None  # every process syncs
     summary: dict[str, Any] = {"no_signal_steps": trainer.no_signal.total,
                                "no_signal_reasons": trainer.no_signal.state_dict()}
     if state.is_main_process:
@@ -162,7 +162,7 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
 def _refuse_resuming_a_finished_trl_run(inputs: RunInputs) -> None:
     """TRL's engine resumes a finished run as asked and then replaces its final model: refused as on gtpo's
     trainer (:func:`gtpo.checkpoint.refuse_resuming_a_finished_run`), before any model is loaded."""
-    resume, config = inputs.run["resume_from_checkpoint"], inputs.config
+    resume, config = inputs.run.resume_from_checkpoint, inputs.config
     asked = resume is True or (isinstance(resume, str) and resume.strip().lower() not in ("false", "no", "none", ""))
     if not asked or config.overwrite_output_dir or not os.path.isdir(config.output_dir):
         return
@@ -176,13 +176,13 @@ def _refuse_resuming_a_finished_trl_run(inputs: RunInputs) -> None:
         raise ConfigError(str(err)) from None
 
 
-def sft_warmup(model_spec: str, train_ds, run: dict[str, Any], config: GTPOConfig) -> str:
+def sft_warmup(model_spec: str, train_ds, run: RunSpec, config: GTPOConfig) -> str:
     """The spec's ``sft_warmup``: a supervised format warm-up of ``model_spec`` on ``train_ds``'s answers into
     ``output_dir/sft-warmup`` (reused when it exists); returns the directory RL starts from."""
     from ..models import load_model_and_tokenizer
     from ..sft import run_sft
 
-    opts = dict(run["sft_warmup"]) if isinstance(run["sft_warmup"], dict) else {}
+    opts = dict(run.sft_warmup) if isinstance(run.sft_warmup, dict) else {}
     out = os.path.join(config.output_dir, "sft-warmup")
     if os.path.isfile(os.path.join(out, "config.json")):
         logger.info("reusing the SFT warm-up model in %s", out)
@@ -190,7 +190,7 @@ def sft_warmup(model_spec: str, train_ds, run: dict[str, Any], config: GTPOConfi
     size = opts.pop("size", None)
     data = train_ds.select(range(min(size, len(train_ds)))) if size else train_ds
     model, tokenizer = load_model_and_tokenizer(model_spec)
-    run_sft(model, tokenizer, data, output_dir=out, peft_config=build_peft_config(run["peft"]), seed=config.seed, **opts)
+    run_sft(model, tokenizer, data, output_dir=out, peft_config=build_peft_config(run.peft), seed=config.seed, **opts)
     return out
 
 

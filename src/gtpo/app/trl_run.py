@@ -33,7 +33,7 @@ def _library_deprecations_hidden():
 
 def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "the command line",
                      hooks: RunHooks | None = None) -> int:
-    """Train ``inputs`` (``inputs.run["trl"]`` holds the ``trl.GRPOConfig`` options) on
+    """Train ``inputs`` (``inputs.run.trl`` holds the ``trl.GRPOConfig`` options) on
     :class:`~gtpo.integrations.trl.TRLGTPOTrainer`. Writes TRL's checkpoints, the final model, ``metrics.jsonl``
     (TRL's logs), ``run_config.json``, ``summary.json`` and ``gtpo report``'s report to ``output_dir``; ``spec``
     tells which fields the user set (TRL's batch fields may not be mixed with gtpo's). Returns the exit code."""
@@ -46,7 +46,7 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
     hooks = hooks or RunHooks()
     run, config, eval_dataset, model = inputs.run, inputs.config, inputs.eval_dataset, inputs.model
     state = PartialState()
-    options = dict(run.get("trl") or {})
+    options = dict(run.trl)
     evaluating = eval_dataset is not None and config.eval_steps > 0
     if not evaluating:
         options.setdefault("eval_strategy", "no")
@@ -57,10 +57,10 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
     try:
         with _library_deprecations_hidden():
             args = TRLGTPOConfig.from_gtpo_config(config, num_processes=state.num_processes,
-                                                  set_fields=set(spec), adapter=run["peft"] is not None, **options)
+                                                  set_fields=set(spec), adapter=run.peft is not None, **options)
     except ValueError as err:
         raise ConfigError(f"{source}: {err}") from None
-    if run.get("probes"):
+    if run.probes:
         logger.warning("probes are tracked by gtpo's own trainer only; TRL's engine ignores them")
 
     _, gguf = resolve_model_spec(model)
@@ -69,7 +69,7 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
     policy = load_model(model, dtype=args.model_init_kwargs["dtype"]) if gguf else model
     train_dataset = drop_long_prompts(inputs.train_dataset, tokenizer, config.max_prompt_length)
     before = None
-    if run["eval_before_after"] and eval_dataset is not None and not run["resume_from_checkpoint"] \
+    if run.eval_before_after and eval_dataset is not None and not run.resume_from_checkpoint \
             and state.is_main_process:
         before = hooks.accuracy(policy if gguf else load_model(model), tokenizer, eval_dataset, inputs.eval_reward,
                                 config)
@@ -77,7 +77,7 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
     with _library_deprecations_hidden():
         trainer = TRLGTPOTrainer(model=policy, reward_funcs=inputs.reward_funcs, args=args,
                                  train_dataset=train_dataset, eval_dataset=eval_dataset if evaluating else None,
-                                 processing_class=tokenizer, peft_config=build_peft_config(run["peft"]),
+                                 processing_class=tokenizer, peft_config=build_peft_config(run.peft),
                                  callbacks=[metrics_file_callback(config.output_dir)])
     if hooks.on_trainer is not None:
         hooks.on_trainer(trainer)
@@ -86,7 +86,7 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
         write_json_atomic(os.path.join(config.output_dir, "run_config.json"),
                           {**config.to_dict(), "engine": "trl", "model": model, "trl": options})
     with _library_deprecations_hidden(), no_transformers_progress_bars():  # TRL's own bar stays
-        trainer.train(resume_from_checkpoint=run["resume_from_checkpoint"])
+        trainer.train(resume_from_checkpoint=run.resume_from_checkpoint)
         trainer.save_model(config.output_dir)
     if state.is_main_process:
         finish_run({"engine": "trl", "steps": trainer.state.global_step}, inputs,
