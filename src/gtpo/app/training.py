@@ -3,7 +3,8 @@
 :func:`run_training` builds the run of a spec (:mod:`gtpo.app.spec`): the datasets (:func:`load_dataset_spec`), the
 reward functions, the optional SFT warm-up, the model and its LoRA (:func:`build_peft_config`), then trains it on the
 chosen engine (gtpo's :class:`gtpo.GTPOTrainer`, or TRL's through :mod:`gtpo.app.trl_run`), measures the greedy
-accuracy on ``eval_dataset`` before and after (``eval_before_after``; :func:`greedy_accuracy`), and writes
+accuracy on ``eval_dataset`` before and after (``eval_before_after``; :func:`measure_accuracy`, on the trainer's model
+for both engines), and writes
 ``summary.json`` and the report (:func:`finish_run`). :class:`RunHooks` lets experiments and benchmarks replace the
 accuracy measurement (e.g. to keep every problem's verdict) without patching anything. A stopped run prints the
 exact command that resumes it (:func:`resume_command`).
@@ -19,7 +20,8 @@ from typing import Any
 
 from ..config import GTPOConfig
 from ..errors import CheckpointError, ConfigError, TrainingStopped
-from .common import RunHooks, RunInputs, build_peft_config, finish_run, load_dataset_spec, where_of
+from .common import (RunHooks, RunInputs, build_peft_config, finish_run, load_dataset_spec, measure_accuracy,
+                     measures_accuracy, where_of)
 from .spec import RunSpec, split_spec
 
 logger = logging.getLogger("gtpo")
@@ -100,37 +102,27 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
     from accelerate import PartialState
 
     from ..models import load_model_and_tokenizer
-    from ..setup import run_load_kwargs
+    from ..setup import policy_load_kwargs, run_precision
     from ..trainer import GTPOTrainer, cpu_only
 
     run, config, eval_ds = inputs.run, inputs.config, inputs.eval_dataset
     probes = {k: tuple(v) for k, v in (run.probes or {}).items()}
     state = PartialState(cpu=cpu_only())  # as the trainer's Accelerator: the process state is a singleton
-    # loaded after the process state exists, as the trainer would load it (gtpo.setup, docs/gpu.md): the run's dtype,
-    # and on a GPU onto this process's device (a 4-bit base is placed while loading: GPU 0 for all otherwise)
+    # the run's precision, decided once (gtpo.setup, docs/gpu.md): the model is loaded with it after the process state
+    # exists, as the trainer would load it (on a GPU onto this process's device: a 4-bit base is placed while loading,
+    # on GPU 0 for all otherwise), and the trainer keeps both
+    precision = run_precision(config, inputs.model, adapter=run.peft is not None, device=state.device)
     model, tokenizer = load_model_and_tokenizer(
-        inputs.model, **run_load_kwargs(config, adapter=run.peft is not None, device=state.device))
-    resume = run.resume_from_checkpoint
-    measure_before = run.eval_before_after and eval_ds is not None and not resume
-    before = None
-    if measure_before and not config.use_vllm and state.is_main_process:
-        before = hooks.accuracy(model, tokenizer, eval_ds, inputs.eval_reward, config)
-        print(f"greedy accuracy before training: {before:.1%} on {len(eval_ds)} held-out problems", flush=True)
+        inputs.model, **policy_load_kwargs(config.model_init_kwargs, precision, state.device))
     trainer = GTPOTrainer(model, inputs.reward_funcs, inputs.train_dataset, args=config, processing_class=tokenizer,
                           peft_config=build_peft_config(run.peft), eval_dataset=eval_ds,
-                          eval_reward_func=inputs.eval_reward, probe_texts=probes)
+                          eval_reward_func=inputs.eval_reward, probe_texts=probes, precision=precision)
     if hooks.on_trainer is not None:
         hooks.on_trainer(trainer)
-    if measure_before and config.use_vllm:  # sampled by the trainer's engine, as after training (a new LoRA adds 0)
-        engine = trainer.vllm_engine  # started by every process (under DDP its start involves them all)
-        if state.is_main_process:
-            before = hooks.accuracy(trainer.unwrapped_model, tokenizer, eval_ds, inputs.eval_reward, config,
-                                    engine=engine)
-            print(f"greedy accuracy before training: {before:.1%} on {len(eval_ds)} held-out problems (vLLM)",
-                  flush=True)
+    before = _accuracy_on_trainer("before", trainer, inputs, tokenizer, hooks)
     again = resume_command(argv, source=source, output_dir=config.output_dir)
     try:
-        trainer.train(resume_from_checkpoint=resume)
+        trainer.train(resume_from_checkpoint=run.resume_from_checkpoint)
     except KeyboardInterrupt:  # a second Ctrl-C: stopped at once; checkpoints are atomic
         from ..checkpoint import latest_checkpoint
 
@@ -146,17 +138,30 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
             print(f"training stopped by {trainer.stopped_by} after step {trainer.global_step} of {config.max_steps}; "
                   f"checkpoint: {trainer.stopped_early}\nresume with: {again}", flush=True)
         return 0
-    engine = trainer.vllm_engine if run.eval_before_after and eval_ds is not None else None  # every process syncs
-    summary: dict[str, Any] = {"no_signal_steps": trainer.no_signal.total,
-                               "no_signal_reasons": trainer.no_signal.state_dict()}
+    after = _accuracy_on_trainer("after", trainer, inputs, tokenizer, hooks)
     if state.is_main_process:
+        summary: dict[str, Any] = {"no_signal_steps": trainer.no_signal.total,
+                                   "no_signal_reasons": trainer.no_signal.state_dict()}
         if summary["no_signal_steps"]:
             print(f"{trainer.no_signal.summary()} of {trainer.global_step} steps had no gradient signal "
                   "(filtered: the entropy filter dropped every completion; zero-variance: every group's rewards "
                   "were equal; masked: every completion was truncated and masked; nonfinite: the update was "
                   "skipped)", flush=True)
-        finish_run(summary, inputs, trainer.unwrapped_model, tokenizer, before, engine=engine, hooks=hooks)
+        finish_run(summary, inputs, before, after)
     return 0
+
+
+def _accuracy_on_trainer(stage: str, trainer, inputs: RunInputs, tokenizer, hooks: RunHooks) -> float | None:
+    """:func:`measure_accuracy` on gtpo's trainer: its model, its precision, its vLLM engine (``use_vllm``; every
+    process asks for it: its start and weight sync involve them all), on the main process (None elsewhere, and
+    when the run does not measure it: :func:`measures_accuracy`)."""
+    if not measures_accuracy(inputs, stage):
+        return None
+    engine = trainer.vllm_engine
+    if not trainer.accelerator.is_main_process:
+        return None
+    return measure_accuracy(stage, inputs, trainer.unwrapped_model, tokenizer, hooks, engine=engine,
+                            autocast=trainer.precision.context(trainer.accelerator.device))
 
 
 def _refuse_resuming_a_finished_trl_run(inputs: RunInputs) -> None:

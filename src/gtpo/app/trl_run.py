@@ -15,7 +15,7 @@ import warnings
 from typing import Any
 
 from ..errors import ConfigError
-from .common import RunHooks, RunInputs, build_peft_config, finish_run
+from .common import RunHooks, RunInputs, build_peft_config, finish_run, measure_accuracy, measures_accuracy
 
 logger = logging.getLogger("gtpo")
 
@@ -68,12 +68,6 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
     # TRL loads hub ids and directories itself (args.model_init_kwargs); a GGUF is dequantized here, in the run's dtype
     policy = load_model(model, dtype=args.model_init_kwargs["dtype"]) if gguf else model
     train_dataset = drop_long_prompts(inputs.train_dataset, tokenizer, config.max_prompt_length)
-    before = None
-    if run.eval_before_after and eval_dataset is not None and not run.resume_from_checkpoint \
-            and state.is_main_process:
-        before = hooks.accuracy(policy if gguf else load_model(model), tokenizer, eval_dataset, inputs.eval_reward,
-                                config)
-        print(f"greedy accuracy before training: {before:.1%} on {len(eval_dataset)} held-out problems", flush=True)
     with _library_deprecations_hidden():
         trainer = TRLGTPOTrainer(model=policy, reward_funcs=inputs.reward_funcs, args=args,
                                  train_dataset=train_dataset, eval_dataset=eval_dataset if evaluating else None,
@@ -81,6 +75,7 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
                                  callbacks=[metrics_file_callback(config.output_dir)])
     if hooks.on_trainer is not None:
         hooks.on_trainer(trainer)
+    before = _accuracy_on_trainer("before", trainer, inputs, tokenizer, hooks)
     if state.is_main_process:
         os.makedirs(config.output_dir, exist_ok=True)
         write_json_atomic(os.path.join(config.output_dir, "run_config.json"),
@@ -88,7 +83,17 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
     with _library_deprecations_hidden(), no_transformers_progress_bars():  # TRL's own bar stays
         trainer.train(resume_from_checkpoint=run.resume_from_checkpoint)
         trainer.save_model(config.output_dir)
+    after = _accuracy_on_trainer("after", trainer, inputs, tokenizer, hooks)
     if state.is_main_process:
-        finish_run({"engine": "trl", "steps": trainer.state.global_step}, inputs,
-                   trainer.accelerator.unwrap_model(trainer.model), tokenizer, before, hooks=hooks)
+        finish_run({"engine": "trl", "steps": trainer.state.global_step}, inputs, before, after)
     return 0
+
+
+def _accuracy_on_trainer(stage: str, trainer, inputs: RunInputs, tokenizer, hooks: RunHooks) -> float | None:
+    """:func:`measure_accuracy` on TRL's trainer: its model (loaded by TRL in the run's dtype and placed on its
+    device when the trainer was built; not a second copy), under its accelerator's autocast, on the main process
+    (None elsewhere, and when the run does not measure it: :func:`measures_accuracy`)."""
+    if not measures_accuracy(inputs, stage) or not trainer.accelerator.is_main_process:
+        return None
+    return measure_accuracy(stage, inputs, trainer.accelerator.unwrap_model(trainer.model), tokenizer, hooks,
+                            autocast=trainer.accelerator.autocast())
