@@ -2,7 +2,6 @@
 (the trainer's own object: its dtype, its device, its precision), and the run's precision decided once."""
 
 import json
-import os
 
 import pytest
 import torch
