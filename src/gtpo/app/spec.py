@@ -156,7 +156,6 @@ class RunSpec:
         return {name: getattr(self, name) for name in self.key_names()}
 
 
-
 # ----------------------------------------------------------------------------- YAML + overrides
 def default_config_text() -> str:
     """The embedded default run (``gtpo/configs/default.yaml``), what ``gtpo train`` without arguments runs."""
