@@ -41,7 +41,7 @@ def default_trainer(dtype: str, output_dir: str, seed: int, max_completion_lengt
     from gtpo.app import build_peft_config, resolve_train_spec
     from gtpo.app.training import load_run_inputs
     from gtpo.models import load_model_and_tokenizer
-    from gtpo.setup import run_load_kwargs
+    from gtpo.setup import policy_load_kwargs, run_precision
 
     overrides = dict(dtype=dtype, seed=seed, output_dir=output_dir, overwrite_output_dir=True, save_steps=0,
                      **({} if max_completion_length is None else {"max_completion_length": max_completion_length}),
@@ -49,11 +49,12 @@ def default_trainer(dtype: str, output_dir: str, seed: int, max_completion_lengt
     spec, source, options = resolve_train_spec(None, overrides, demo=True)
     inputs = load_run_inputs(spec, source=source, options=options)
     run, config = inputs.run, inputs.config
-    model, tokenizer = load_model_and_tokenizer(
-        inputs.model, **run_load_kwargs(config, adapter=run["peft"] is not None, device=torch.device("cpu")))
+    cpu = torch.device("cpu")
+    precision = run_precision(config, inputs.model, adapter=run.peft is not None, device=cpu)
+    model, tokenizer = load_model_and_tokenizer(inputs.model, **policy_load_kwargs(config.model_init_kwargs, precision, cpu))
     trainer = GTPOTrainer(model, inputs.reward_funcs, inputs.train_dataset, args=config, processing_class=tokenizer,
-                          peft_config=build_peft_config(run["peft"]))
-    return trainer, int(run["peft"]["r"]) if run["peft"] else 0
+                          peft_config=build_peft_config(run.peft), precision=precision)
+    return trainer, int(run.peft["r"]) if run.peft else 0
 
 
 def worker(spec: dict) -> dict:

@@ -8,7 +8,7 @@ import dataclasses
 import os
 import sys
 
-from gtpo.app import RUN_KEYS
+from gtpo.app import RunSpec
 from gtpo.config import GTPOConfig
 
 PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "config.md")
@@ -26,7 +26,7 @@ def render() -> str:
         "| key | meaning |",
         "|---|---|",
     ]
-    lines += [f"| `{k}` | {v} |" for k, v in RUN_KEYS.items()]
+    lines += [f"| `{k}` | {v} |" for k, v in RunSpec.key_help().items()]
     lines += ["", "## Trainer fields (`GTPOConfig`)", "", "| field | default | meaning |", "|---|---|---|"]
     for f in dataclasses.fields(GTPOConfig):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()

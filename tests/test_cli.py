@@ -79,8 +79,8 @@ def shipped_configs():
 
 def test_default_config_validates():
     run, config = split_spec(yaml.safe_load(default_config_text()), source="default")
-    assert run["model"] == "smollm2-135m-instruct"
-    assert run["eval_before_after"] and run["eval_dataset"]
+    assert run.model == "smollm2-135m-instruct"
+    assert run.eval_before_after and run.eval_dataset
 
 
 @pytest.mark.parametrize("path", shipped_configs(), ids=lambda p: os.path.relpath(p, ROOT))
@@ -89,9 +89,9 @@ def test_shipped_configs_validate(path):
     from gtpo.app.common import dataset_spec as _dataset_spec
 
     run, config = split_spec(load_yaml(path), source=path)
-    assert run["model"]
-    _dataset_spec(run["dataset"], default_split="train")
-    build_peft_config(run["peft"])
+    assert run.model
+    _dataset_spec(run.dataset, default_split="train")
+    build_peft_config(run.peft)
 
 
 def test_train_end_to_end_from_yaml_then_report(tiny_model_path, tmp_path, capsys):

@@ -209,13 +209,19 @@ def test_row_each_process_loads_onto_its_own_device(tiny_model_path):
 
 
 def test_a_run_that_loads_its_model_first_asks_for_the_trainers_dtypes_and_device():
-    """gtpo.app loads the model before the trainer: run_load_kwargs gives it what the trainer would load."""
+    """gtpo.app loads the model before the trainer: run_precision (then passed to the trainer) gives it what the
+    trainer would load."""
+
+    def run_load_kwargs(cfg, *, adapter, device):
+        precision = gsetup.run_precision(cfg, "a-model", adapter=adapter, device=device)
+        return gsetup.policy_load_kwargs(cfg.model_init_kwargs, precision, device)
+
     cfg = GTPOConfig(model_init_kwargs={"dtype": "bfloat16", "quantization_config": QUANT})
-    kwargs = gsetup.run_load_kwargs(cfg, adapter=True, device=torch.device("cuda", 2))
+    kwargs = run_load_kwargs(cfg, adapter=True, device=torch.device("cuda", 2))
     assert kwargs["dtype"] == torch.bfloat16 and kwargs["device_map"] == {"": 2}
-    assert gsetup.run_load_kwargs(GTPOConfig(dtype="bfloat16"), adapter=False, device=torch.device("cpu")) == \
+    assert run_load_kwargs(GTPOConfig(dtype="bfloat16"), adapter=False, device=torch.device("cpu")) == \
         {"dtype": torch.float32}  # full fine-tuning: float32 master weights
-    assert gsetup.run_load_kwargs(GTPOConfig(), adapter=True, device=torch.device("cpu")) == {"dtype": torch.float32}
+    assert run_load_kwargs(GTPOConfig(), adapter=True, device=torch.device("cpu")) == {"dtype": torch.float32}
 
 
 def test_a_quantized_model_on_another_device_is_refused_and_accelerate_sees_it(tiny_model_path):

@@ -583,10 +583,10 @@ def test_cli_engine_trl_end_to_end(tiny_model_path, tmp_path, capsys):
     # use_vllm is a field of both engines: gtpo's own trainer takes it; engine trl hands it (and the vLLM fields
     # TRL shares) to TRL, while TRL's other options belong to engine trl only
     run, config = split_spec({**spec, "use_vllm": True}, source="run.yaml")
-    assert config.use_vllm and "trl" not in run
+    assert config.use_vllm and run.trl == {}
     run, config = split_spec({**spec, "engine": "trl", "use_vllm": True, "vllm_importance_sampling_mode": "token_mask"},
                              source="run.yaml")
-    assert run["trl"] == {"use_vllm": True, "vllm_importance_sampling_mode": "token_mask"} and not config.use_vllm
+    assert run.trl == {"use_vllm": True, "vllm_importance_sampling_mode": "token_mask"} and not config.use_vllm
     with pytest.raises(ConfigError, match="option of TRL's GRPOConfig"):
         split_spec({**spec, "vllm_mode": "colocate"}, source="run.yaml")
     # TRL's batch fields mean a batch on gtpo's trainer too (tests/test_trl_yaml.py), but not next to gtpo's own
@@ -599,7 +599,7 @@ def test_cli_engine_trl_end_to_end(tiny_model_path, tmp_path, capsys):
     with pytest.raises(ConfigError, match="engine must be one of"):
         split_spec({**spec, "engine": "verl"}, source="run.yaml")
     run, _ = split_spec({**spec, "engine": "trl", "use_vllm": False, "push_to_hub": False}, source="run.yaml")
-    assert run["trl"] == {"use_vllm": False, "push_to_hub": False}
+    assert run.trl == {"use_vllm": False, "push_to_hub": False}
 
     assert main(["train", str(cfg), "--per_device_train_batch_size", "2"]) == 2
     assert "set `engine: trl`" in capsys.readouterr().err

@@ -90,18 +90,18 @@ def test_trl_names_map_onto_the_spec(tiny_model_path, tmp_path):
                                    reward_model_name_or_path="org/rm", eval_strategy="steps", eval_steps=5,
                                    dataset_config="main").read_text())
     run, config = split_spec(spec, source="grpo.yaml")
-    assert run["model"] == tiny_model_path
-    assert run["dataset"] == {"name": str(tmp_path / "tiny-math"), "split": "train", "config": "main"}
-    assert run["eval_dataset"] == {"name": str(tmp_path / "tiny-math"), "split": "test", "config": "main"}
-    assert run["reward_funcs"][0] == "org/rm"  # first, as `trl grpo` puts the reward model
-    assert run["peft"] == {"r": 4, "lora_alpha": 8, "lora_dropout": 0.05, "target_modules": "all-linear"}
+    assert run.model == tiny_model_path
+    assert run.dataset == {"name": str(tmp_path / "tiny-math"), "split": "train", "config": "main"}
+    assert run.eval_dataset == {"name": str(tmp_path / "tiny-math"), "split": "test", "config": "main"}
+    assert run.reward_funcs[0] == "org/rm"  # first, as `trl grpo` puts the reward model
+    assert run.peft == {"r": 4, "lora_alpha": 8, "lora_dropout": 0.05, "target_modules": "all-linear"}
     assert config.model_init_kwargs["quantization_config"] == {
         "load_in_4bit": True, "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_quant_type": "nf4",
         "bnb_4bit_use_double_quant": False}
     assert (config.group_size, config.eval_steps) == (4, 5)
     # without use_peft the lora_* settings do nothing, as in trl grpo: full fine-tuning
     spec.pop("use_peft")
-    assert split_spec(spec, source="grpo.yaml")[0]["peft"] is None
+    assert split_spec(spec, source="grpo.yaml")[0].peft is None
 
 
 def test_what_does_not_mean_the_same_is_refused_naming_it(tiny_model_path, tmp_path):

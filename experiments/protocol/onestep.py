@@ -129,10 +129,10 @@ def build_trainer(model_name: str):
     out = os.path.join(ONESTEP_RUNS, "_trainer", model_name)
     spec.update(output_dir=out, overwrite_output_dir=True, save_steps=0, log_completions_steps=0, disable_tqdm=True)
     run, config = split_spec(spec, source=model_name)
-    ds = load_dataset_spec(run["dataset"], default_split="train")
-    model, tok = load_model_and_tokenizer(str(run["model"]))
-    trainer = GTPOTrainer(model, [resolve_reward(r) for r in run["reward_funcs"]], ds, args=config,
-                          processing_class=tok, peft_config=build_peft_config(run["peft"]))
+    ds = load_dataset_spec(run.dataset, default_split="train")
+    model, tok = load_model_and_tokenizer(str(run.model))
+    trainer = GTPOTrainer(model, [resolve_reward(r) for r in run.reward_funcs], ds, args=config,
+                          processing_class=tok, peft_config=build_peft_config(run.peft))
     return trainer, config, temps, best
 
 

@@ -132,9 +132,9 @@ def _recording_hooks(out_dir: str):
     """:class:`gtpo.app.RunHooks` whose accuracy also records every problem's verdict and reply."""
     from gtpo.app import RunHooks
 
-    def greedy(model, tokenizer, dataset, reward, config, engine=None):
-        # before training the CLI passes the base model, after it the LoRA (peft) model
-        is_before = not hasattr(model, "peft_config")
+    def greedy(model, tokenizer, dataset, reward, config, engine=None, stage=None):
+        # the trainer's model at both stages (before training its new LoRA adapter adds nothing)
+        is_before = stage == "before"
         if is_before and os.path.isfile(BEFORE_CACHE):  # the untrained model: the same for every run
             with open(BEFORE_CACHE) as f:
                 return json.load(f)["accuracy"]

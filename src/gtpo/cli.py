@@ -20,7 +20,7 @@ import logging
 import sys
 from typing import Any
 
-from .app.spec import RUN_KEYS, parse_overrides, resolve_train_spec, split_spec, yaml11_float
+from .app.spec import RunSpec, from_yaml, parse_overrides, resolve_train_spec, split_spec
 from .config import GTPOConfig
 from .errors import CheckpointError, ConfigError, TrainingStopped
 
@@ -60,8 +60,8 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Start from the embedded offline default run (what `gtpo train` without arguments "
                              "runs: SmolLM2-135M-Instruct + LoRA on offline arithmetic), e.g. --demo --seed 1.")
     run = parser.add_argument_group("run (YAML top-level keys)")
-    for key, doc in RUN_KEYS.items():
-        run.add_argument(f"--{key}", metavar=_RUN_METAVARS.get(key, "STR"), help=doc, default=argparse.SUPPRESS)
+    for f in RunSpec.keys():
+        run.add_argument(f"--{f.name}", metavar=f.metadata["metavar"], help=f.metadata["help"], default=argparse.SUPPRESS)
     cfg = parser.add_argument_group("trainer config (GTPOConfig fields; " + TAGS.split(":", 1)[1].strip() + ")")
     for f in dataclasses.fields(GTPOConfig):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -74,12 +74,6 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ("Nested keys use dotted names: --dataset.size 500, --peft.r 16, --dataset.kwargs.max_digits 3. "
                      "Presets: --preset official|paper|grpo|dr_grpo|dapo sets the algorithm fields first.")
     parser.add_argument("--preset", choices=GTPOConfig.PRESETS, default=None, help="Apply a preset before the config file's fields.")
-
-
-_RUN_METAVARS = {"model": "PATH|HUB_ID", "dataset": "NAME|PATH|MAPPING", "eval_dataset": "NAME|PATH|MAPPING",
-                 "reward_funcs": "LIST", "eval_reward": "NAME", "eval_before_after": "BOOL", "peft": "MAPPING|null",
-                 "sft_warmup": "MAPPING|null", "probes": "MAPPING", "resume_from_checkpoint": "BOOL|PATH",
-                 "log_level": "{debug,info,warning,error}", "engine": "{gtpo,trl}"}
 
 
 def _split_train_argv(argv: list[str]) -> tuple[str | None, dict[str, Any], bool, bool]:
@@ -189,7 +183,7 @@ def _parse_backend_args(value: str | None) -> dict | None:
         raise ValueError(f"--backend-args: expected a YAML mapping such as '{{max_model_len: 4096}}', got {value!r}")
     out = {}
     for key, item in data.items():
-        item = yaml11_float(item, "float") if isinstance(item, str) else item
+        item = from_yaml(item, "float") if isinstance(item, str) else item
         if isinstance(item, float) and item.is_integer() and key != "gpu_memory_utilization":
             item = int(item)
         out[str(key)] = item

@@ -37,7 +37,7 @@ from .config import GTPOConfig
 __all__ = ["AVX512_BF16_FLAG", "FAST_BF16_CPU_FLAGS", "Precision", "build_optimizer", "build_reference_model",
            "build_scheduler", "add_adapter", "check_quantized_placement", "cpu_flags", "cpu_vendor", "has_native_bf16",
            "is_quantized", "load_policy_model", "policy_load_kwargs", "precision_for", "prepare_quantized_base", "prepare_tokenizer", "requested_dtype",
-           "resolve_dtype", "run_load_kwargs", "vllm_dtype_name"]
+           "resolve_dtype", "run_precision", "vllm_dtype_name"]
 
 logger = logging.getLogger("gtpo")
 
@@ -216,13 +216,13 @@ def policy_load_kwargs(user_kwargs: dict | None, precision: Precision, device: t
     return out
 
 
-def run_load_kwargs(args: GTPOConfig, *, adapter: bool, device: torch.device) -> dict[str, Any]:
-    """:func:`policy_load_kwargs` of a run that loads its model itself before building the trainer (the
-    application layer): the dtype rule against ``device`` (this process's: ``PartialState().device``, which
-    must exist first so that a 4-bit base lands on this process's GPU), ``adapter`` whether a peft config
-    trains. The trainer then keeps the model as it is."""
-    precision = precision_for(resolve_dtype(args.requested_dtype, device), adapter=adapter)
-    return policy_load_kwargs(args.model_init_kwargs, precision, device)
+def run_precision(args: GTPOConfig, model: str | nn.Module, *, adapter: bool, device: torch.device) -> Precision:
+    """The :class:`Precision` of a run, decided once: the dtype ``args`` asks for (:func:`requested_dtype`, or
+    ``model``'s when a loaded model and no dtype is said) resolved against ``device`` (this process's), ``adapter``
+    whether a peft config trains. The trainer decides it so when it is not given one; a caller that loads the model
+    itself first (the application layer) decides it here, loads with :func:`policy_load_kwargs` and passes it to
+    the trainer (``GTPOTrainer(..., precision=)``)."""
+    return precision_for(resolve_dtype(requested_dtype(args, model), device), adapter=adapter)
 
 
 def _first_device(model: nn.Module) -> torch.device:

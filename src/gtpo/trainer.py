@@ -38,7 +38,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -56,6 +56,9 @@ from .policy import PolicyForward
 from .rollout import PromptSampler, Rollout, SamplingParams, encode_dataset_prompts, eos_token_ids, generate
 from .scoring import RewardScorer, ScoredBatch, overlong_penalty
 from .trackers import check_trackers, start_trackers
+
+if TYPE_CHECKING:
+    from .setup import Precision
 
 logger = logging.getLogger("gtpo")
 
@@ -205,11 +208,14 @@ class GTPOTrainer:
         eval_reward_func: scorer used for evaluation (default: the evaluation module's).
         probe_texts: ``{name: (prefix, target)}``: the mean probability of each target's tokens
             after its prefix is logged every step (``probe/<name>``).
+        precision: the run's :class:`gtpo.setup.Precision` when the caller decided it and loaded ``model`` with
+            it (:func:`gtpo.setup.run_precision`, as the application layer does); None: decided here, the same way.
     """
 
     def __init__(self, model: str | nn.Module, reward_funcs: Callable | str | list, train_dataset,
                  args: GTPOConfig | None = None, processing_class=None, peft_config=None, eval_dataset=None,
-                 eval_reward_func: Callable | None = None, probe_texts: dict[str, tuple[str, str]] | None = None):
+                 eval_reward_func: Callable | None = None, probe_texts: dict[str, tuple[str, str]] | None = None,
+                 precision: Precision | None = None):
         from accelerate import Accelerator
         from accelerate.utils import set_seed
 
@@ -245,8 +251,7 @@ class GTPOTrainer:
             getattr(getattr(model, "config", None), "_name_or_path", type(model).__name__)
         self.tokenizer = setup.prepare_tokenizer(processing_class, model)
         self.is_peft = peft_config is not None
-        self.precision = setup.precision_for(setup.resolve_dtype(setup.requested_dtype(args, model), acc.device),
-                                             adapter=self.is_peft)
+        self.precision = precision or setup.run_precision(args, model, adapter=self.is_peft, device=acc.device)
         base_model = setup.load_policy_model(model, args, peft_config=peft_config, precision=self.precision,
                                              device=acc.device)
         ref_model = setup.build_reference_model(base_model, args, adapter=self.is_peft, precision=self.precision)

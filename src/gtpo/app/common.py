@@ -3,18 +3,22 @@ the summary and the report (:mod:`gtpo.app.training` runs gtpo's trainer, :mod:`
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..config import GTPOConfig
 from ..errors import ConfigError
+from .spec import RunSpec
 
 __all__ = ["AccuracyFn", "RunHooks", "RunInputs", "build_peft_config", "dataset_spec", "finish_run",
-           "greedy_accuracy", "load_dataset_spec", "where_of", "write_summary_and_report"]
+           "greedy_accuracy", "load_dataset_spec", "measure_accuracy", "measures_accuracy", "where_of",
+           "write_summary_and_report"]
 
-#: ``accuracy(model, tokenizer, dataset, reward, config, engine) -> float``: the greedy accuracy of ``model`` on
-#: ``dataset`` (1.0 = every problem correct); ``engine`` is the trainer's vLLM engine or None.
+#: ``accuracy(model, tokenizer, dataset, reward, config, engine=None, stage=None) -> float``: the greedy accuracy
+#: of ``model`` on ``dataset`` (1.0 = every problem correct); ``engine`` is the trainer's vLLM engine or None,
+#: ``stage`` ``"before"`` or ``"after"`` training.
 AccuracyFn = Callable[..., float]
 
 
@@ -53,9 +57,11 @@ def build_peft_config(value: Any):
     return LoraConfig(task_type="CAUSAL_LM", **opts)
 
 
-def greedy_accuracy(model, tokenizer, dataset, reward, config: GTPOConfig, engine=None) -> float:
+def greedy_accuracy(model, tokenizer, dataset, reward, config: GTPOConfig, engine=None, stage: str | None = None
+                    ) -> float:
     """Greedy accuracy of ``model`` on ``dataset`` (n=1, temperature 0, batch 64; ``reward`` scores a reply, None:
-    the evaluation's answer check), decoded by ``engine`` (a vLLM engine) when given."""
+    the evaluation's answer check), decoded by ``engine`` (a vLLM engine) when given; the same measurement at every
+    ``stage``."""
     from ..evaluation.api import evaluate_during_training
 
     out = evaluate_during_training(
@@ -75,8 +81,10 @@ class RunHooks:
     """What an experiment or a benchmark may replace in a run, instead of patching it.
 
     ``accuracy``: the before/after greedy accuracy (``eval_before_after``), called as
-    ``accuracy(model, tokenizer, dataset, reward, config, engine=None) -> float`` on the main process, with the
-    untrained model before training (no adapter yet) and the trained one after; default :func:`greedy_accuracy`.
+    ``accuracy(model, tokenizer, dataset, reward, config, engine=None, stage="before" | "after") -> float`` on the
+    main process (:func:`measure_accuracy`) with the model the run trains, the trainer's own (its dtype, its
+    device; with LoRA a peft model, whose adapter before training is new and adds nothing), under the trainer's
+    precision; default :func:`greedy_accuracy`.
     ``on_trainer``: called with the built trainer before training starts (e.g. to keep a reference)."""
 
     accuracy: AccuracyFn = None  # type: ignore[assignment]
@@ -89,11 +97,11 @@ class RunHooks:
 
 @dataclass
 class RunInputs:
-    """What a spec's run is made of once loaded: ``run`` (the run keys) and ``config`` (:class:`GTPOConfig`),
-    the training / held-out datasets, the reward functions, the before/after scorer and the model to train (after
-    the SFT warm-up when there is one)."""
+    """What a spec's run is made of once loaded: ``run`` (the run keys: :class:`gtpo.app.spec.RunSpec`) and
+    ``config`` (:class:`GTPOConfig`), the training / held-out datasets, the reward functions, the before/after
+    scorer and the model to train (after the SFT warm-up when there is one)."""
 
-    run: dict[str, Any]
+    run: RunSpec
     config: GTPOConfig
     train_dataset: Any
     eval_dataset: Any
@@ -102,20 +110,37 @@ class RunInputs:
     model: str
 
 
-def finish_run(summary: dict[str, Any], inputs: RunInputs, model, tokenizer, before: float | None, *, engine=None,
-               hooks: RunHooks | None = None) -> None:
-    """Main process, after training (either engine): the greedy accuracy after training (with
-    ``eval_before_after``; decoded by ``engine``, the trainer's vLLM engine, when given), then
-    ``summary.json`` and the report."""
-    hooks = hooks or RunHooks()
-    eval_ds, config = inputs.eval_dataset, inputs.config
-    if inputs.run["eval_before_after"] and eval_ds is not None:
-        after = hooks.accuracy(model, tokenizer, eval_ds, inputs.eval_reward, config, engine=engine)
-        summary.update({"accuracy_after": after, "eval_size": len(eval_ds)})
+def measures_accuracy(inputs: RunInputs, stage: str) -> bool:
+    """Whether the run measures its greedy accuracy ``stage`` (``"before"`` / ``"after"``) training:
+    ``eval_before_after`` with an ``eval_dataset``; before training not when resuming."""
+    if not (inputs.run.eval_before_after and inputs.eval_dataset is not None):
+        return False
+    return stage == "after" or not inputs.run.resume_from_checkpoint
+
+
+def measure_accuracy(stage: str, inputs: RunInputs, model, tokenizer, hooks: RunHooks, *, engine=None,
+                     autocast=None) -> float:
+    """The run's greedy accuracy ``stage`` (``"before"`` / ``"after"``) training, the one path of both engines
+    (main process): ``hooks.accuracy`` on ``model``, the model the run trains (the trainer's own object, in its
+    dtype on its device), decoded by ``engine`` (the trainer's vLLM engine) when given, under ``autocast`` (the
+    trainer's precision context: the run's compute dtype) when given; printed."""
+    with autocast if autocast is not None else contextlib.nullcontext():
+        value = hooks.accuracy(model, tokenizer, inputs.eval_dataset, inputs.eval_reward, inputs.config, engine=engine,
+                               stage=stage)
+    when = "before training: " if stage == "before" else "after training:  "
+    print(f"greedy accuracy {when}{value:.1%} on {len(inputs.eval_dataset)} held-out problems"
+          + (" (vLLM)" if engine is not None else ""), flush=True)
+    return value
+
+
+def finish_run(summary: dict[str, Any], inputs: RunInputs, before: float | None, after: float | None) -> None:
+    """Main process, after training (either engine): the greedy accuracy before and after training
+    (:func:`measure_accuracy`; None: not measured) into ``summary``, then ``summary.json`` and the report."""
+    if after is not None:
+        summary.update({"accuracy_after": after, "eval_size": len(inputs.eval_dataset)})
         if before is not None:
             summary["accuracy_before"] = before
-        print(f"greedy accuracy after training:  {after:.1%} on {len(eval_ds)} held-out problems", flush=True)
-    write_summary_and_report(config.output_dir, summary)
+    write_summary_and_report(inputs.config.output_dir, summary)
 
 
 def write_summary_and_report(output_dir: str, summary: dict[str, Any]) -> None:

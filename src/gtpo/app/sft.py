@@ -12,13 +12,14 @@ import logging
 from typing import Any
 
 from ..errors import ConfigError
-from .spec import DEFAULT_SOURCE, RUN_KEYS, TrainSpec, apply_overrides, coerce_value, default_config_text, load_yaml, suggest
+from .spec import (DEFAULT_SOURCE, RunSpec, TrainSpec, apply_overrides, default_config_text, load_yaml, suggest,
+                   typed_values)
 
 __all__ = ["SFT_RUN_KEYS", "resolve_sft_spec", "run_sft_job", "sft_keys"]
 
 SFT_RUN_KEYS = {
-    "model": RUN_KEYS["model"],
-    "dataset": RUN_KEYS["dataset"],
+    "model": RunSpec.key_help()["model"],
+    "dataset": RunSpec.key_help()["dataset"],
     "peft": "LoRA settings {r, lora_alpha, lora_dropout, target_modules} (merged into the saved model), or null "
             "for full fine-tuning.",
 }
@@ -70,9 +71,9 @@ def run_sft_job(spec: dict[str, Any], *, source: str, options=frozenset()) -> st
     from ..sft import SFTArgs, run_sft
     from .common import build_peft_config, load_dataset_spec
 
-    types = {f.name: f.type for f in dataclasses.fields(SFTArgs)}
-    settings = {k: coerce_value(k, v, types[k], f"--{k}" if k in options else source)
-                for k, v in spec.items() if k in types}
+    names = {f.name for f in dataclasses.fields(SFTArgs)}
+    settings = typed_values(SFTArgs, {k: v for k, v in spec.items() if k in names},
+                            lambda k: f"--{k}" if k in options else source)
     try:
         args = SFTArgs(**settings)
     except ValueError as err:

@@ -1,10 +1,11 @@
 """A run's spec: the YAML of ``gtpo train`` with its command-line overrides, resolved and checked.
 
-A spec is a dict: the run keys (:data:`RUN_KEYS`: ``model``, ``dataset``, ``eval_dataset``, ``reward_funcs``,
-``peft``, ...) and every :class:`gtpo.GTPOConfig` field at the top level (with ``engine: trl``, also
-``trl.GRPOConfig`` options). :func:`resolve_train_spec` builds it the way ``gtpo train`` does (the embedded default
+A spec is a dict: the run keys (the fields of :class:`RunSpec`: ``model``, ``dataset``, ``eval_dataset``,
+``reward_funcs``, ``peft``, ...) and every :class:`gtpo.GTPOConfig` field at the top level (with ``engine: trl``,
+also ``trl.GRPOConfig`` options). :func:`resolve_train_spec` builds it the way ``gtpo train`` does (the embedded default
 run, a YAML file, or GTPOConfig's defaults; then ``--field value`` overrides with dotted names; then a preset);
-:func:`split_spec` separates and validates it into ``(run, config)``. Every error names what was wrong and where
+:func:`split_spec` separates and validates it into ``(run, config)``: a :class:`RunSpec` and a
+:class:`GTPOConfig`, both typed dataclasses whose fields document themselves. Every error names what was wrong and where
 (the file, or ``--field`` for a value set on the command line). No torch here; TRL is imported only for
 ``engine: trl``.
 """
@@ -15,54 +16,144 @@ import copy
 import dataclasses
 import difflib
 import os
+from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, NamedTuple
+from types import MappingProxyType
+from typing import Any, Callable, NamedTuple
 
-from ..config import SHARED_VLLM_FIELDS, GTPOConfig
-from ..errors import ConfigError
+from ..config import SHARED_VLLM_FIELDS, GTPOConfig, _annotation, _f, _type_problem
+from ..errors import ConfigError, ConfigValueError
 from .trl_names import TRL_SPEC_KEYS, apply_trl_names
 
-__all__ = ["DATASET_KEYS", "DEFAULT_SOURCE", "ENGINES", "PEFT_KEYS", "RUN_DEFAULTS", "RUN_KEYS", "SFT_KEYS", "TrainSpec",
-           "apply_overrides", "coerce_value", "default_config_text", "load_yaml", "parse_overrides", "parse_value",
-           "resolve_train_spec", "split_spec", "suggest", "yaml11_float"]
+__all__ = ["DATASET_KEYS", "DEFAULT_SOURCE", "ENGINES", "LOG_LEVELS", "PEFT_KEYS", "RunSpec", "SFT_KEYS", "TrainSpec",
+           "apply_overrides", "default_config_text", "from_yaml", "load_yaml", "parse_overrides", "parse_value",
+           "resolve_train_spec", "split_spec", "suggest", "typed_values"]
 
-RUN_KEYS: dict[str, str] = {
-    "model": "Hub id, local directory, .gguf file, or 'smollm2-135m-instruct' (the offline SmolLM2 GGUF).",
-    "dataset": "Training data: a task name (gsm8k, math, a reasoning-gym task, ...) or a local file, or a mapping "
-    "{name, split, size, seed, template, system_prompt, columns, path, kwargs}.",
-    "eval_dataset": "Held-out data in the same form; used for eval_steps and the before/after accuracy.",
-    "reward_funcs": "List of reward functions: built-in names (paper, paper_normalized, correctness, format, "
-    "format_soft, reasoning_gym, last_number_correctness) or package.module:function or path/file.py:function.",
-    "eval_reward": "Scorer of the before/after accuracy (a reward spec as above; 1.0 = correct). Default: correctness.",
-    "eval_before_after": "Measure greedy accuracy on eval_dataset before and after training and print both.",
-    "peft": "LoRA settings {r, lora_alpha, lora_dropout, target_modules} (peft.LoraConfig), or null for full fine-tuning.",
-    "sft_warmup": "Optional supervised format warm-up before RL: {max_steps, learning_rate, batch_size, size}, or null.",
-    "probes": "Texts whose token probabilities are tracked every step: {name: [prefix, target]}.",
-    "resume_from_checkpoint": "true (newest complete checkpoint in output_dir) or a checkpoint path.",
-    "log_level": "Logging level (info, warning, ...).",
-    "engine": "Trainer of the run: gtpo (this project's trainer) or trl (TRL's GRPOTrainer with GTPO's conflict "
-    "weights, entropy control and loss: gtpo.integrations.trl; vLLM, DeepSpeed, FSDP). With trl, trl.GRPOConfig "
-    "options (use_vllm, vllm_mode, deepspeed, bf16, per_device_train_batch_size, gradient_accumulation_steps, "
-    "push_to_hub, ...) may be set at the top level too.",
-}
-RUN_DEFAULTS: dict[str, Any] = {
-    "model": None,
-    "dataset": None,
-    "eval_dataset": None,
-    "reward_funcs": None,
-    "eval_reward": "correctness",
-    "eval_before_after": False,
-    "peft": None,
-    "sft_warmup": None,
-    "probes": None,
-    "resume_from_checkpoint": None,
-    "log_level": "info",
-    "engine": "gtpo",
-}
 ENGINES = ("gtpo", "trl")
 DATASET_KEYS = ("name", "split", "size", "seed", "template", "system_prompt", "columns", "path", "kwargs", "config")
 PEFT_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora", "use_dora", "modules_to_save")
 SFT_KEYS = ("max_steps", "learning_rate", "batch_size", "size", "max_length")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _key(default: Any, help: str, metavar: str, expected: str, accepts: Callable[[Any], bool]) -> Any:
+    """A run key: a dataclass field (:func:`gtpo.config._f`: its documentation in ``metadata['help']``) whose
+    metadata also holds its ``--help`` placeholder (``metavar``), and what it accepts: ``accepts(value)``, and in
+    words ``expected`` (the error message's)."""
+    f = _f(default, help)
+    f.metadata = MappingProxyType({**f.metadata, "metavar": metavar, "expected": expected, "accepts": accepts})
+    return f
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_dataset(value: Any) -> bool:
+    return isinstance(value, (str, dict))
+
+
+def _is_settings(value: Any) -> bool:
+    return isinstance(value, (bool, dict)) or value == "none"
+
+
+def _is_reward_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(f, str) and f.strip() for f in value)
+
+
+def _is_probes(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(t, str) for t in v) for v in value.values())
+
+
+@dataclass
+class RunSpec:
+    """The run keys of a ``gtpo train`` spec (YAML top level, ``--key value``): what the run trains and how: the
+    model, the data, the reward functions, LoRA, the engine, resuming. The trainer's hyperparameters are the
+    :class:`gtpo.GTPOConfig` beside it (:func:`split_spec` separates a spec into both). Each field documents itself
+    in ``metadata['help']`` (``gtpo train --help``, ``docs/config.md``); a wrong value raises
+    :class:`~gtpo.errors.ConfigValueError` naming the key (``field``). ``None`` accepted where a key is optional."""
+
+    model: str | None = _key(
+        None, "Hub id, local directory, .gguf file, or 'smollm2-135m-instruct' (the offline SmolLM2 GGUF).",
+        "PATH|HUB_ID", "a hub id, a local path or a .gguf file (a string)", _is_str)
+    dataset: str | dict[str, Any] | None = _key(
+        None, "Training data: a task name (gsm8k, math, a reasoning-gym task, ...) or a local file, or a mapping "
+        "{name, split, size, seed, template, system_prompt, columns, path, kwargs}.",
+        "NAME|PATH|MAPPING", "a task name, a file path, or a mapping {name, split, size, ...}", _is_dataset)
+    eval_dataset: str | dict[str, Any] | None = _key(
+        None, "Held-out data in the same form; used for eval_steps and the before/after accuracy.",
+        "NAME|PATH|MAPPING", "a task name, a file path, or a mapping {name, split, size, ...}", _is_dataset)
+    reward_funcs: list[str] | None = _key(
+        None, "List of reward functions: built-in names (paper, paper_normalized, correctness, format, "
+        "format_soft, reasoning_gym, last_number_correctness) or package.module:function or path/file.py:function.",
+        "LIST", "a non-empty list of reward names (e.g. [correctness, format])", _is_reward_list)
+    eval_reward: str | None = _key(
+        "correctness", "Scorer of the before/after accuracy (a reward spec as above; 1.0 = correct). Default: "
+        "correctness.", "NAME", "a reward name or null", _is_str)
+    eval_before_after: bool = _key(
+        False, "Measure greedy accuracy on eval_dataset before and after training and print both.",
+        "BOOL", "true or false", lambda v: isinstance(v, bool))
+    peft: dict[str, Any] | bool | str | None = _key(
+        None, "LoRA settings {r, lora_alpha, lora_dropout, target_modules} (peft.LoraConfig), or null for full "
+        "fine-tuning.", "MAPPING|null", "a mapping of settings, true (defaults) or null", _is_settings)
+    sft_warmup: dict[str, Any] | bool | str | None = _key(
+        None, "Optional supervised format warm-up before RL: {max_steps, learning_rate, batch_size, size}, or null.",
+        "MAPPING|null", "a mapping of settings, true (defaults) or null", _is_settings)
+    probes: dict[str, list[str]] | None = _key(
+        None, "Texts whose token probabilities are tracked every step: {name: [prefix, target]}.",
+        "MAPPING", "a mapping {name: [prefix, target]} of strings", _is_probes)
+    resume_from_checkpoint: bool | str | None = _key(
+        None, "true (newest complete checkpoint in output_dir) or a checkpoint path.",
+        "BOOL|PATH", "true, false or a checkpoint path", lambda v: isinstance(v, (bool, str)))
+    log_level: str = _key(
+        "info", "Logging level (info, warning, ...).", "{debug,info,warning,error}", f"one of {list(LOG_LEVELS)}",
+        lambda v: isinstance(v, str) and v.lower() in LOG_LEVELS)
+    engine: str = _key(
+        "gtpo", "Trainer of the run: gtpo (this project's trainer) or trl (TRL's GRPOTrainer with GTPO's conflict "
+        "weights, entropy control and loss: gtpo.integrations.trl; vLLM, DeepSpeed, FSDP). With trl, trl.GRPOConfig "
+        "options (use_vllm, vllm_mode, deepspeed, bf16, per_device_train_batch_size, gradient_accumulation_steps, "
+        "push_to_hub, ...) may be set at the top level too.",
+        "{gtpo,trl}", f"one of {list(ENGINES)}", lambda v: v in ENGINES)
+    #: not a key: the trl.GRPOConfig options the spec sets at its top level (engine: trl), checked against TRL's fields
+    trl: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "trl.GRPOConfig options of engine: trl (the spec's other top-level keys), checked against TRL's "
+                "fields.", "key": False})
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @classmethod
+    def keys(cls) -> list[dataclasses.Field]:
+        """The run keys (every field but ``trl``, which holds the spec's other keys), in declaration order."""
+        return [f for f in dataclasses.fields(cls) if f.metadata.get("key", True)]
+
+    @classmethod
+    def key_names(cls) -> list[str]:
+        return [f.name for f in cls.keys()]
+
+    @classmethod
+    def key_help(cls) -> dict[str, str]:
+        """``{key: documentation}`` of every run key (``gtpo train --help``, ``docs/config.md``)."""
+        return {f.name: f.metadata["help"] for f in cls.keys()}
+
+    def validate(self) -> None:
+        """Raise :class:`~gtpo.errors.ConfigValueError` naming the key (``field``): a value of the wrong type, or an
+        unknown key inside ``dataset`` / ``eval_dataset`` / ``peft`` / ``sft_warmup`` (``field`` ``'peft.r'``)."""
+        for f in self.keys():
+            value = getattr(self, f.name)
+            if (value is not None or "None" not in _annotation(f)) and not f.metadata["accepts"](value):
+                raise ConfigValueError(f"{f.name} must be {f.metadata['expected']}, got {value!r}", f.name)
+        for name, allowed in (("dataset", DATASET_KEYS), ("eval_dataset", DATASET_KEYS), ("peft", PEFT_KEYS),
+                              ("sft_warmup", SFT_KEYS)):
+            value = getattr(self, name)
+            for key in value if isinstance(value, dict) else ():
+                if key not in allowed:
+                    raise ConfigValueError(f"unknown key '{name}.{key}'{suggest(key, list(allowed))}", f"{name}.{key}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run keys and their values (without ``trl``)."""
+        return {name: getattr(self, name) for name in self.key_names()}
 
 
 # ----------------------------------------------------------------------------- YAML + overrides
@@ -153,8 +244,9 @@ def apply_overrides(spec: dict[str, Any], overrides: dict[str, Any]) -> dict[str
 
 
 def split_spec(spec: dict[str, Any], *, source: str,
-               options: frozenset[str] | set[str] = frozenset()) -> tuple[dict[str, Any], GTPOConfig]:
-    """Separate run keys from config fields; validate both; returns ``(run, config)``.
+               options: frozenset[str] | set[str] = frozenset()) -> tuple[RunSpec, GTPOConfig]:
+    """Separate run keys from config fields; validate both; returns ``(run, config)``: a :class:`RunSpec` and a
+    :class:`GTPOConfig`.
 
     An error about a value names where it came from: ``--field`` when ``field`` is in ``options``
     (the keys set on the command line), else ``source`` (the YAML file).
@@ -164,45 +256,39 @@ def split_spec(spec: dict[str, Any], *, source: str,
         return f"--{key}" if key in options else source
 
     fields = GTPOConfig.field_names()
-    run = dict(RUN_DEFAULTS)
+    run_keys = RunSpec.key_names()
+    run_values: dict[str, Any] = {}
     cfg_values = {}
-    engine = spec.get("engine", RUN_DEFAULTS["engine"])
+    engine = spec.get("engine", RunSpec.engine)
     if engine not in ENGINES:
         raise ConfigError(f"{where('engine')}: engine must be one of {list(ENGINES)}, got {engine!r}")
     spec = apply_trl_names(spec, engine=engine, where=where)  # a YAML written for `trl grpo`
     trl_options: dict[str, Any] = {}
     for key, value in spec.items():
-        if key in RUN_KEYS:
-            run[key] = value
+        if key in run_keys:
+            run_values[key] = value
         elif key in fields and not (engine == "trl" and key in SHARED_VLLM_FIELDS):
             cfg_values[key] = value
         elif engine == "trl":
             trl_options[key] = value  # checked against trl.GRPOConfig below
         else:
-            raise ConfigError(f"{source}: unknown config field {key!r}{suggest(key, fields + list(RUN_KEYS))}"
+            raise ConfigError(f"{source}: unknown config field {key!r}{suggest(key, fields + run_keys)}"
                               f"{_trl_hint(key)}")
     if engine == "trl":
         from ..integrations.trl import check_trl_options
 
-        run["trl"] = check_trl_options(trl_options, fields + list(RUN_KEYS), where)
-    types = {f.name: f.type for f in dataclasses.fields(GTPOConfig)}
-    for key, value in list(cfg_values.items()):
-        cfg_values[key] = coerce_value(key, value, types[key], where(key))
+        trl_options = check_trl_options(trl_options, fields + run_keys, where)
+    cfg_values = typed_values(GTPOConfig, cfg_values, where)
     try:
         config = GTPOConfig.from_dict(cfg_values, source=source)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where(getattr(err, 'field', None))}: {err}") from None
-    for name, allowed in (("dataset", DATASET_KEYS), ("eval_dataset", DATASET_KEYS), ("peft", PEFT_KEYS),
-                          ("sft_warmup", SFT_KEYS)):
-        value = run.get(name)
-        if isinstance(value, dict):
-            for key in value:
-                if key not in allowed:
-                    raise ConfigError(f"{where(f'{name}.{key}')}: unknown key '{name}.{key}'"
-                                      f"{suggest(key, list(allowed))}")
-    if isinstance(run["reward_funcs"], str):
-        run["reward_funcs"] = [s.strip() for s in run["reward_funcs"].split(",") if s.strip()]
-    _check_run_keys(run, source, where)
+    if isinstance(run_values.get("reward_funcs"), str):  # --reward_funcs correctness,format
+        run_values["reward_funcs"] = [s.strip() for s in run_values["reward_funcs"].split(",") if s.strip()]
+    try:
+        run = RunSpec(**run_values, trl=trl_options)
+    except ConfigValueError as err:
+        raise ConfigError(f"{where(err.field)}: {err}") from None
     return run, config
 
 
@@ -215,75 +301,34 @@ def _trl_hint(key: str) -> str:
     return ""
 
 
-_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+def typed_values(cls: type, values: dict[str, Any], where: Callable[[str], str]) -> dict[str, Any]:
+    """``values`` (read from YAML or the command line) for fields of the dataclass ``cls`` (:class:`GTPOConfig`,
+    :class:`gtpo.sft.SFTArgs`), each read as its annotation says (:func:`from_yaml`) and checked against it (the
+    config's own type check); unknown keys pass through (``cls`` names them).
+
+    Raises:
+        ConfigError: ``'<where(key)>: <key> must be <the expected type>, got <value>'``.
+    """
+    annotations = {f.name: _annotation(f) for f in dataclasses.fields(cls)}
+    out = dict(values)
+    for key, value in values.items():
+        if key not in annotations:
+            continue
+        value = out[key] = from_yaml(value, annotations[key])
+        problem = _type_problem(value, annotations[key])
+        if problem:
+            raise ConfigError(f"{where(key)}: {key} must be {problem}, got {value!r}")
+    return out
 
 
-def _check_run_keys(run: dict[str, Any], source: str, where=None) -> None:
-    """Types of the run keys (``model``, ``dataset``, ...), each error naming the key."""
+def from_yaml(value: Any, annotation: str) -> Any:
+    """``value`` as a field annotated ``annotation`` (e.g. ``'float | None'``) takes it, where YAML cannot say it:
+    ``'1e-5'`` -> ``1e-05`` for a float (PyYAML reads YAML 1.1, where a float needs a dot, so ``1e-5`` arrives as a
+    string; every spelling Python's ``float`` accepts is read), also inside a ``list[float]``; ``3.0`` -> ``3`` for
+    an integer; ``4`` -> ``[4]`` for a ``list[int]``; an integer -> a float for a float. Anything else unchanged."""
+    kind = annotation.split("|")[0].strip()
 
-    def bad(key: str, expected: str) -> ConfigError:
-        return ConfigError(f"{where(key) if where else source}: {key} must be {expected}, got {run[key]!r}")
-
-    if run["model"] is not None and not isinstance(run["model"], str):
-        raise bad("model", "a hub id, a local path or a .gguf file (a string)")
-    for key in ("dataset", "eval_dataset"):
-        if run[key] is not None and not isinstance(run[key], (str, dict)):
-            raise bad(key, "a task name, a file path, or a mapping {name, split, size, ...}")
-    funcs = run["reward_funcs"]
-    if funcs is not None and (not isinstance(funcs, list) or not funcs
-                              or not all(isinstance(f, str) and f.strip() for f in funcs)):
-        raise bad("reward_funcs", "a non-empty list of reward names (e.g. [correctness, format])")
-    if run["eval_reward"] is not None and not isinstance(run["eval_reward"], str):
-        raise bad("eval_reward", "a reward name or null")
-    if not isinstance(run["eval_before_after"], bool):
-        raise bad("eval_before_after", "true or false")
-    for key in ("peft", "sft_warmup"):
-        if run[key] is not None and not isinstance(run[key], (bool, dict)) and run[key] != "none":
-            raise bad(key, "a mapping of settings, true (defaults) or null")
-    probes = run["probes"]
-    if probes is not None and not (isinstance(probes, dict) and all(
-            isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(t, str) for t in v) for v in probes.values())):
-        raise bad("probes", "a mapping {name: [prefix, target]} of strings")
-    if run["resume_from_checkpoint"] is not None and not isinstance(run["resume_from_checkpoint"], (bool, str)):
-        raise bad("resume_from_checkpoint", "true, false or a checkpoint path")
-    if not isinstance(run["log_level"], str) or run["log_level"].lower() not in _LOG_LEVELS:
-        raise bad("log_level", f"one of {list(_LOG_LEVELS)}")
-
-
-def coerce_value(key: str, value: Any, type_text: Any, source: str) -> Any:
-    """Light type checking of config values read from YAML / the command line."""
-    t = str(type_text)
-    if value is None:
-        if "None" in t:
-            return None
-        raise ConfigError(f"{source}: {key} cannot be null (expected {t})")
-    if t.startswith("bool"):
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
-    if t.startswith("int"):
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
-    if t.startswith("float") or t.startswith("list[float]"):
-        value = yaml11_float(value, t)
-    if t.startswith("float"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{source}: {key} must be a number, got {value!r}")
-        return float(value)
-    if t.startswith("str") and "list" not in t and not isinstance(value, str):
-        raise ConfigError(f"{source}: {key} must be a string, got {value!r}")
-    if t.startswith("list[int]") and isinstance(value, int):
-        return [value]
-    return value
-
-
-def yaml11_float(value: Any, type_text: str) -> Any:
-    """``'1e-5'`` -> ``1e-05``: PyYAML reads YAML 1.1, where a float needs a dot (``1.0e-5``), so
-    ``1e-5`` arrives as a string; accept every spelling Python's ``float`` accepts."""
-
-    def one(v: Any) -> Any:
+    def number(v: Any) -> Any:
         if isinstance(v, str):
             try:
                 return float(v.strip())
@@ -291,9 +336,16 @@ def yaml11_float(value: Any, type_text: str) -> Any:
                 return v
         return v
 
-    if type_text.startswith("list[float]") and isinstance(value, list):
-        return [one(v) for v in value]
-    return one(value)
+    if kind == "list[float]" and isinstance(value, list):
+        return [number(v) for v in value]
+    if kind == "float":
+        value = number(value)
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if kind == "int" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if kind == "list[int]" and isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    return value
 
 
 class TrainSpec(NamedTuple):
@@ -334,7 +386,7 @@ def resolve_train_spec(config_path: str | None, overrides: dict[str, Any], *, de
         spec, source = {}, "the command line"
     else:
         spec, source = load_yaml(config_path), config_path
-    allowed = set(GTPOConfig.field_names()) | set(RUN_KEYS) | set(TRL_SPEC_KEYS)
+    allowed = set(GTPOConfig.field_names()) | set(RunSpec.key_names()) | set(TRL_SPEC_KEYS)
     engine = overrides.get("engine", spec.get("engine"))
     for key in overrides:
         top = key.split(".")[0]

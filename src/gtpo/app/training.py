@@ -3,7 +3,8 @@
 :func:`run_training` builds the run of a spec (:mod:`gtpo.app.spec`): the datasets (:func:`load_dataset_spec`), the
 reward functions, the optional SFT warm-up, the model and its LoRA (:func:`build_peft_config`), then trains it on the
 chosen engine (gtpo's :class:`gtpo.GTPOTrainer`, or TRL's through :mod:`gtpo.app.trl_run`), measures the greedy
-accuracy on ``eval_dataset`` before and after (``eval_before_after``; :func:`greedy_accuracy`), and writes
+accuracy on ``eval_dataset`` before and after (``eval_before_after``; :func:`measure_accuracy`, on the trainer's model
+for both engines), and writes
 ``summary.json`` and the report (:func:`finish_run`). :class:`RunHooks` lets experiments and benchmarks replace the
 accuracy measurement (e.g. to keep every problem's verdict) without patching anything. A stopped run prints the
 exact command that resumes it (:func:`resume_command`).
@@ -19,24 +20,25 @@ from typing import Any
 
 from ..config import GTPOConfig
 from ..errors import CheckpointError, ConfigError, TrainingStopped
-from .common import RunHooks, RunInputs, build_peft_config, finish_run, load_dataset_spec, where_of
-from .spec import split_spec
+from .common import (RunHooks, RunInputs, build_peft_config, finish_run, load_dataset_spec, measure_accuracy,
+                     measures_accuracy, where_of)
+from .spec import RunSpec, split_spec
 
 logger = logging.getLogger("gtpo")
 
 __all__ = ["load_run_inputs", "resume_command", "run_training", "sft_warmup"]
 
-def _check_runnable(run: dict[str, Any], config: GTPOConfig, *, source: str, options) -> None:
+def _check_runnable(run: RunSpec, config: GTPOConfig, *, source: str, options) -> None:
     """A run needs a model, a dataset and reward functions; ``use_vllm`` on gtpo's engine needs vLLM."""
     missing = [(key, hint) for key, hint in (
         ("model", "--model PATH|HUB_ID"), ("dataset", "--dataset NAME|FILE"),
         ("reward_funcs", "--reward_funcs correctness (names: paper, correctness, format, ...)"))
-        if not run[key]]
+        if not getattr(run, key)]
     if missing:
         raise ConfigError(
             f"{source}: a run needs " + "; ".join(f"{key} (set `{key}:` or pass {hint})" for key, hint in missing)
             + ". Only `gtpo train` without arguments runs the offline demo; `--demo` starts from it")
-    if config.use_vllm and run["engine"] == "gtpo":
+    if config.use_vllm and run.engine == "gtpo":
         from ..vllm_engine import VLLM_INSTALL_HINT, vllm_available
 
         if not vllm_available():
@@ -61,18 +63,18 @@ def load_run_inputs(spec: dict[str, Any], *, source: str, options=frozenset()) -
     # before anything imports peft or TRL (which import bitsandbytes), so checking the spec imports it quietly too
     import_bitsandbytes_quietly(quantizing=_quantizes(spec))
     run, config = split_spec(spec, source=source, options=options)
-    logging.basicConfig(level=getattr(logging, str(run["log_level"]).upper(), logging.INFO),
+    logging.basicConfig(level=getattr(logging, run.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _check_runnable(run, config, source=source, options=options)
     from ..trackers import check_trackers
 
     check_trackers(config.report_to, where=where_of(options, "report_to", source))  # both engines, before loading
-    train_ds = load_dataset_spec(run["dataset"], default_split="train")
-    eval_ds = None if run["eval_dataset"] is None else load_dataset_spec(run["eval_dataset"], default_split="test")
-    rewards = [resolve_reward(r) for r in run["reward_funcs"]]
-    eval_reward = resolve_reward(run["eval_reward"]) if run["eval_reward"] else None
-    model = str(run["model"])
-    if run["sft_warmup"]:
+    train_ds = load_dataset_spec(run.dataset, default_split="train")
+    eval_ds = None if run.eval_dataset is None else load_dataset_spec(run.eval_dataset, default_split="test")
+    rewards = [resolve_reward(r) for r in run.reward_funcs]
+    eval_reward = resolve_reward(run.eval_reward) if run.eval_reward else None
+    model = str(run.model)
+    if run.sft_warmup:
         model = sft_warmup(model, train_ds, run, config)
     return RunInputs(run, config, train_ds, eval_ds, rewards, eval_reward, model)
 
@@ -87,7 +89,7 @@ def run_training(spec: dict[str, Any], *, source: str, argv: list[str] | None = 
     :class:`~gtpo.errors.CheckpointError` with a note naming the resume command."""
     hooks = hooks or RunHooks()
     inputs = load_run_inputs(spec, source=source, options=options)
-    if inputs.run["engine"] == "trl":
+    if inputs.run.engine == "trl":
         _refuse_resuming_a_finished_trl_run(inputs)
         from .trl_run import run_trl_training
 
@@ -100,37 +102,27 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
     from accelerate import PartialState
 
     from ..models import load_model_and_tokenizer
-    from ..setup import run_load_kwargs
+    from ..setup import policy_load_kwargs, run_precision
     from ..trainer import GTPOTrainer, cpu_only
 
     run, config, eval_ds = inputs.run, inputs.config, inputs.eval_dataset
-    probes = {k: tuple(v) for k, v in (run["probes"] or {}).items()}
+    probes = {k: tuple(v) for k, v in (run.probes or {}).items()}
     state = PartialState(cpu=cpu_only())  # as the trainer's Accelerator: the process state is a singleton
-    # loaded after the process state exists, as the trainer would load it (gtpo.setup, docs/gpu.md): the run's dtype,
-    # and on a GPU onto this process's device (a 4-bit base is placed while loading: GPU 0 for all otherwise)
+    # the run's precision, decided once (gtpo.setup, docs/gpu.md): the model is loaded with it after the process state
+    # exists, as the trainer would load it (on a GPU onto this process's device: a 4-bit base is placed while loading,
+    # on GPU 0 for all otherwise), and the trainer keeps both
+    precision = run_precision(config, inputs.model, adapter=run.peft is not None, device=state.device)
     model, tokenizer = load_model_and_tokenizer(
-        inputs.model, **run_load_kwargs(config, adapter=run["peft"] is not None, device=state.device))
-    resume = run["resume_from_checkpoint"]
-    measure_before = run["eval_before_after"] and eval_ds is not None and not resume
-    before = None
-    if measure_before and not config.use_vllm and state.is_main_process:
-        before = hooks.accuracy(model, tokenizer, eval_ds, inputs.eval_reward, config)
-        print(f"greedy accuracy before training: {before:.1%} on {len(eval_ds)} held-out problems", flush=True)
+        inputs.model, **policy_load_kwargs(config.model_init_kwargs, precision, state.device))
     trainer = GTPOTrainer(model, inputs.reward_funcs, inputs.train_dataset, args=config, processing_class=tokenizer,
-                          peft_config=build_peft_config(run["peft"]), eval_dataset=eval_ds,
-                          eval_reward_func=inputs.eval_reward, probe_texts=probes)
+                          peft_config=build_peft_config(run.peft), eval_dataset=eval_ds,
+                          eval_reward_func=inputs.eval_reward, probe_texts=probes, precision=precision)
     if hooks.on_trainer is not None:
         hooks.on_trainer(trainer)
-    if measure_before and config.use_vllm:  # sampled by the trainer's engine, as after training (a new LoRA adds 0)
-        engine = trainer.vllm_engine  # started by every process (under DDP its start involves them all)
-        if state.is_main_process:
-            before = hooks.accuracy(trainer.unwrapped_model, tokenizer, eval_ds, inputs.eval_reward, config,
-                                    engine=engine)
-            print(f"greedy accuracy before training: {before:.1%} on {len(eval_ds)} held-out problems (vLLM)",
-                  flush=True)
+    before = _accuracy_on_trainer("before", trainer, inputs, tokenizer, hooks)
     again = resume_command(argv, source=source, output_dir=config.output_dir)
     try:
-        trainer.train(resume_from_checkpoint=resume)
+        trainer.train(resume_from_checkpoint=run.resume_from_checkpoint)
     except KeyboardInterrupt:  # a second Ctrl-C: stopped at once; checkpoints are atomic
         from ..checkpoint import latest_checkpoint
 
@@ -146,23 +138,36 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
             print(f"training stopped by {trainer.stopped_by} after step {trainer.global_step} of {config.max_steps}; "
                   f"checkpoint: {trainer.stopped_early}\nresume with: {again}", flush=True)
         return 0
-    engine = trainer.vllm_engine if run["eval_before_after"] and eval_ds is not None else None  # every process syncs
-    summary: dict[str, Any] = {"no_signal_steps": trainer.no_signal.total,
-                               "no_signal_reasons": trainer.no_signal.state_dict()}
+    after = _accuracy_on_trainer("after", trainer, inputs, tokenizer, hooks)
     if state.is_main_process:
+        summary: dict[str, Any] = {"no_signal_steps": trainer.no_signal.total,
+                                   "no_signal_reasons": trainer.no_signal.state_dict()}
         if summary["no_signal_steps"]:
             print(f"{trainer.no_signal.summary()} of {trainer.global_step} steps had no gradient signal "
                   "(filtered: the entropy filter dropped every completion; zero-variance: every group's rewards "
                   "were equal; masked: every completion was truncated and masked; nonfinite: the update was "
                   "skipped)", flush=True)
-        finish_run(summary, inputs, trainer.unwrapped_model, tokenizer, before, engine=engine, hooks=hooks)
+        finish_run(summary, inputs, before, after)
     return 0
+
+
+def _accuracy_on_trainer(stage: str, trainer, inputs: RunInputs, tokenizer, hooks: RunHooks) -> float | None:
+    """:func:`measure_accuracy` on gtpo's trainer: its model, its precision, its vLLM engine (``use_vllm``; every
+    process asks for it: its start and weight sync involve them all), on the main process (None elsewhere, and
+    when the run does not measure it: :func:`measures_accuracy`)."""
+    if not measures_accuracy(inputs, stage):
+        return None
+    engine = trainer.vllm_engine
+    if not trainer.accelerator.is_main_process:
+        return None
+    return measure_accuracy(stage, inputs, trainer.unwrapped_model, tokenizer, hooks, engine=engine,
+                            autocast=trainer.precision.context(trainer.accelerator.device))
 
 
 def _refuse_resuming_a_finished_trl_run(inputs: RunInputs) -> None:
     """TRL's engine resumes a finished run as asked and then replaces its final model: refused as on gtpo's
     trainer (:func:`gtpo.checkpoint.refuse_resuming_a_finished_run`), before any model is loaded."""
-    resume, config = inputs.run["resume_from_checkpoint"], inputs.config
+    resume, config = inputs.run.resume_from_checkpoint, inputs.config
     asked = resume is True or (isinstance(resume, str) and resume.strip().lower() not in ("false", "no", "none", ""))
     if not asked or config.overwrite_output_dir or not os.path.isdir(config.output_dir):
         return
@@ -176,13 +181,13 @@ def _refuse_resuming_a_finished_trl_run(inputs: RunInputs) -> None:
         raise ConfigError(str(err)) from None
 
 
-def sft_warmup(model_spec: str, train_ds, run: dict[str, Any], config: GTPOConfig) -> str:
+def sft_warmup(model_spec: str, train_ds, run: RunSpec, config: GTPOConfig) -> str:
     """The spec's ``sft_warmup``: a supervised format warm-up of ``model_spec`` on ``train_ds``'s answers into
     ``output_dir/sft-warmup`` (reused when it exists); returns the directory RL starts from."""
     from ..models import load_model_and_tokenizer
     from ..sft import run_sft
 
-    opts = dict(run["sft_warmup"]) if isinstance(run["sft_warmup"], dict) else {}
+    opts = dict(run.sft_warmup) if isinstance(run.sft_warmup, dict) else {}
     out = os.path.join(config.output_dir, "sft-warmup")
     if os.path.isfile(os.path.join(out, "config.json")):
         logger.info("reusing the SFT warm-up model in %s", out)
@@ -190,7 +195,7 @@ def sft_warmup(model_spec: str, train_ds, run: dict[str, Any], config: GTPOConfi
     size = opts.pop("size", None)
     data = train_ds.select(range(min(size, len(train_ds)))) if size else train_ds
     model, tokenizer = load_model_and_tokenizer(model_spec)
-    run_sft(model, tokenizer, data, output_dir=out, peft_config=build_peft_config(run["peft"]), seed=config.seed, **opts)
+    run_sft(model, tokenizer, data, output_dir=out, peft_config=build_peft_config(run.peft), seed=config.seed, **opts)
     return out
 
 

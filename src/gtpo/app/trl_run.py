@@ -15,7 +15,7 @@ import warnings
 from typing import Any
 
 from ..errors import ConfigError
-from .common import RunHooks, RunInputs, build_peft_config, finish_run
+from .common import RunHooks, RunInputs, build_peft_config, finish_run, measure_accuracy, measures_accuracy
 
 logger = logging.getLogger("gtpo")
 
@@ -33,7 +33,7 @@ def _library_deprecations_hidden():
 
 def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "the command line",
                      hooks: RunHooks | None = None) -> int:
-    """Train ``inputs`` (``inputs.run["trl"]`` holds the ``trl.GRPOConfig`` options) on
+    """Train ``inputs`` (``inputs.run.trl`` holds the ``trl.GRPOConfig`` options) on
     :class:`~gtpo.integrations.trl.TRLGTPOTrainer`. Writes TRL's checkpoints, the final model, ``metrics.jsonl``
     (TRL's logs), ``run_config.json``, ``summary.json`` and ``gtpo report``'s report to ``output_dir``; ``spec``
     tells which fields the user set (TRL's batch fields may not be mixed with gtpo's). Returns the exit code."""
@@ -46,7 +46,7 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
     hooks = hooks or RunHooks()
     run, config, eval_dataset, model = inputs.run, inputs.config, inputs.eval_dataset, inputs.model
     state = PartialState()
-    options = dict(run.get("trl") or {})
+    options = dict(run.trl)
     evaluating = eval_dataset is not None and config.eval_steps > 0
     if not evaluating:
         options.setdefault("eval_strategy", "no")
@@ -57,10 +57,10 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
     try:
         with _library_deprecations_hidden():
             args = TRLGTPOConfig.from_gtpo_config(config, num_processes=state.num_processes,
-                                                  set_fields=set(spec), adapter=run["peft"] is not None, **options)
+                                                  set_fields=set(spec), adapter=run.peft is not None, **options)
     except ValueError as err:
         raise ConfigError(f"{source}: {err}") from None
-    if run.get("probes"):
+    if run.probes:
         logger.warning("probes are tracked by gtpo's own trainer only; TRL's engine ignores them")
 
     _, gguf = resolve_model_spec(model)
@@ -68,27 +68,32 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
     # TRL loads hub ids and directories itself (args.model_init_kwargs); a GGUF is dequantized here, in the run's dtype
     policy = load_model(model, dtype=args.model_init_kwargs["dtype"]) if gguf else model
     train_dataset = drop_long_prompts(inputs.train_dataset, tokenizer, config.max_prompt_length)
-    before = None
-    if run["eval_before_after"] and eval_dataset is not None and not run["resume_from_checkpoint"] \
-            and state.is_main_process:
-        before = hooks.accuracy(policy if gguf else load_model(model), tokenizer, eval_dataset, inputs.eval_reward,
-                                config)
-        print(f"greedy accuracy before training: {before:.1%} on {len(eval_dataset)} held-out problems", flush=True)
     with _library_deprecations_hidden():
         trainer = TRLGTPOTrainer(model=policy, reward_funcs=inputs.reward_funcs, args=args,
                                  train_dataset=train_dataset, eval_dataset=eval_dataset if evaluating else None,
-                                 processing_class=tokenizer, peft_config=build_peft_config(run["peft"]),
+                                 processing_class=tokenizer, peft_config=build_peft_config(run.peft),
                                  callbacks=[metrics_file_callback(config.output_dir)])
     if hooks.on_trainer is not None:
         hooks.on_trainer(trainer)
+    before = _accuracy_on_trainer("before", trainer, inputs, tokenizer, hooks)
     if state.is_main_process:
         os.makedirs(config.output_dir, exist_ok=True)
         write_json_atomic(os.path.join(config.output_dir, "run_config.json"),
                           {**config.to_dict(), "engine": "trl", "model": model, "trl": options})
     with _library_deprecations_hidden(), no_transformers_progress_bars():  # TRL's own bar stays
-        trainer.train(resume_from_checkpoint=run["resume_from_checkpoint"])
+        trainer.train(resume_from_checkpoint=run.resume_from_checkpoint)
         trainer.save_model(config.output_dir)
+    after = _accuracy_on_trainer("after", trainer, inputs, tokenizer, hooks)
     if state.is_main_process:
-        finish_run({"engine": "trl", "steps": trainer.state.global_step}, inputs,
-                   trainer.accelerator.unwrap_model(trainer.model), tokenizer, before, hooks=hooks)
+        finish_run({"engine": "trl", "steps": trainer.state.global_step}, inputs, before, after)
     return 0
+
+
+def _accuracy_on_trainer(stage: str, trainer, inputs: RunInputs, tokenizer, hooks: RunHooks) -> float | None:
+    """:func:`measure_accuracy` on TRL's trainer: its model (loaded by TRL in the run's dtype and placed on its
+    device when the trainer was built; not a second copy), under its accelerator's autocast, on the main process
+    (None elsewhere, and when the run does not measure it: :func:`measures_accuracy`)."""
+    if not measures_accuracy(inputs, stage) or not trainer.accelerator.is_main_process:
+        return None
+    return measure_accuracy(stage, inputs, trainer.accelerator.unwrap_model(trainer.model), tokenizer, hooks,
+                            autocast=trainer.accelerator.autocast())
