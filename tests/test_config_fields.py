@@ -132,7 +132,7 @@ def test_dr_grpo_yaml_scales_rewards_alike_on_both_engines(tmp_path):
     yaml = {"model": "m", "dataset": "gsm8k", "loss_type": "dr_grpo", "output_dir": str(tmp_path)}
     _, gtpo_config = split_spec(dict(yaml), source="run.yaml")
     run, trl_config = split_spec({**yaml, "engine": "trl"}, source="run.yaml")
-    args = TRLGTPOConfig.from_gtpo_config(trl_config, use_cpu=True, **(run.get("trl") or {}))
+    args = TRLGTPOConfig.from_gtpo_config(trl_config, use_cpu=True, **run.trl)
     assert gtpo_config.resolved_scale_rewards == "none"
     assert args.loss_type == "dr_grpo" and args.scale_rewards == "none"
     # a TRL-style config naming TRL's own loss types keeps TRL's default

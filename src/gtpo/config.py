@@ -102,8 +102,7 @@ _FACTS = ("trl", "trl_name", "verl", "verl_option", "resumable", "switch_off", "
 
 
 def _f(default: Any, help: str, *, trl: str, verl: str, trl_name: str | None = None, verl_option: str | None = None,
-       resumable: bool = False, switch_off: tuple | None = None, rule: Callable[[Any], Any] | None = None,
-       **kw: Any) -> Any:
+       resumable: bool = False, switch_off: tuple | None = None, rule: Callable[[Any], Any] | None = None) -> Any:
     """A GTPOConfig field with every fact about it in ``metadata``: ``help`` (read by the CLI and the docs), its role on
     TRL's engine (``trl``, one of :data:`TRL_ROLES`; ``trl_name`` for ``"renamed"``) and on verl (``verl``, one of
     :data:`VERL_ROLES`; ``verl_option`` for ``"owned"``), ``resumable`` (a resume may change it without changing what
@@ -114,11 +113,18 @@ def _f(default: Any, help: str, *, trl: str, verl: str, trl_name: str | None = N
                          f"trl={trl!r}, verl={verl!r}")
     if (trl == "renamed") != (trl_name is not None) or (verl == "owned") != (verl_option is not None):
         raise ValueError("_f: trl_name goes with trl='renamed', verl_option with verl='owned'")
-    metadata = {"help": help, "trl": trl, "trl_name": trl_name, "verl": verl, "verl_option": verl_option,
-                "resumable": resumable, "switch_off": switch_off, "rule": rule}
+    return documented_field(default, help, trl=trl, trl_name=trl_name, verl=verl, verl_option=verl_option,
+                            resumable=resumable, switch_off=switch_off, rule=rule)
+
+
+def documented_field(default: Any, help: str, **metadata: Any) -> Any:
+    """A dataclass field with its documentation in ``metadata['help']`` (read by the CLI and the docs) beside any other
+    ``metadata``; a list or dict default is copied for every instance. GTPOConfig's fields go through :func:`_f`, which
+    also requires their roles; other settings dataclasses (the run spec) call this directly."""
+    metadata = {"help": help, **metadata}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=metadata, **kw)
-    return field(default=default, metadata=metadata, **kw)
+        return field(default_factory=lambda d=default: type(d)(d), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
@@ -609,7 +615,7 @@ class GTPOConfig:
             raise
         for f in fields(self):  # an int given for a float field is stored as a float
             value = getattr(self, f.name)
-            if _annotation(f) in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
+            if field_annotation(f) in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
                 setattr(self, f.name, float(value))
 
     # values of the fields whose None is decided by their rule (``_f(rule=...)``, applied by :func:`resolved`) -------
@@ -754,7 +760,7 @@ class GTPOConfig:
 
     def _validate(self) -> None:
         for f in fields(self):
-            problem = _type_problem(getattr(self, f.name), _annotation(f))
+            problem = type_problem(getattr(self, f.name), field_annotation(f))
             if problem:
                 raise ValueError(f"GTPOConfig.{f.name} must be {problem}, got {getattr(self, f.name)!r}")
 
@@ -1064,7 +1070,7 @@ def _check_model_init_kwargs(kwargs: Any) -> None:
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string", "None": "null (None)"}
 
 
-def _annotation(f: dataclasses.Field) -> str:
+def field_annotation(f: dataclasses.Field) -> str:
     """A field's annotation as text (this module uses ``from __future__ import annotations``)."""
     return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
 
@@ -1093,7 +1099,7 @@ def _describe(kind: str) -> str:
     return _TYPE_WORDS.get(kind, kind)
 
 
-def _type_problem(value: Any, annotation: str) -> str | None:
+def type_problem(value: Any, annotation: str) -> str | None:
     """None if ``value`` fits ``annotation`` (e.g. ``'int | None'``), else what was expected."""
     kinds = [k.strip() for k in annotation.split("|")]
     if any(_matches(value, k) for k in kinds):

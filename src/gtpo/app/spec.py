@@ -18,10 +18,9 @@ import difflib
 import os
 from dataclasses import dataclass, field
 from importlib import resources
-from types import MappingProxyType
 from typing import Any, Callable, NamedTuple
 
-from ..config import SHARED_VLLM_FIELDS, GTPOConfig, _annotation, _f, _type_problem
+from ..config import SHARED_VLLM_FIELDS, GTPOConfig, documented_field, field_annotation, type_problem
 from ..errors import ConfigError, ConfigValueError
 from .trl_names import TRL_SPEC_KEYS, apply_trl_names
 
@@ -37,12 +36,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def _key(default: Any, help: str, metavar: str, expected: str, accepts: Callable[[Any], bool]) -> Any:
-    """A run key: a dataclass field (:func:`gtpo.config._f`: its documentation in ``metadata['help']``) whose
-    metadata also holds its ``--help`` placeholder (``metavar``), and what it accepts: ``accepts(value)``, and in
+    """A run key: a dataclass field (:func:`gtpo.config.documented_field`: its documentation in ``metadata['help']``)
+    whose metadata also holds its ``--help`` placeholder (``metavar``), and what it accepts: ``accepts(value)``, and in
     words ``expected`` (the error message's)."""
-    f = _f(default, help)
-    f.metadata = MappingProxyType({**f.metadata, "metavar": metavar, "expected": expected, "accepts": accepts})
-    return f
+    return documented_field(default, help, metavar=metavar, expected=expected, accepts=accepts)
 
 
 def _is_str(value: Any) -> bool:
@@ -142,7 +139,7 @@ class RunSpec:
         unknown key inside ``dataset`` / ``eval_dataset`` / ``peft`` / ``sft_warmup`` (``field`` ``'peft.r'``)."""
         for f in self.keys():
             value = getattr(self, f.name)
-            if (value is not None or "None" not in _annotation(f)) and not f.metadata["accepts"](value):
+            if (value is not None or "None" not in field_annotation(f)) and not f.metadata["accepts"](value):
                 raise ConfigValueError(f"{f.name} must be {f.metadata['expected']}, got {value!r}", f.name)
         for name, allowed in (("dataset", DATASET_KEYS), ("eval_dataset", DATASET_KEYS), ("peft", PEFT_KEYS),
                               ("sft_warmup", SFT_KEYS)):
@@ -309,13 +306,13 @@ def typed_values(cls: type, values: dict[str, Any], where: Callable[[str], str])
     Raises:
         ConfigError: ``'<where(key)>: <key> must be <the expected type>, got <value>'``.
     """
-    annotations = {f.name: _annotation(f) for f in dataclasses.fields(cls)}
+    annotations = {f.name: field_annotation(f) for f in dataclasses.fields(cls)}
     out = dict(values)
     for key, value in values.items():
         if key not in annotations:
             continue
         value = out[key] = from_yaml(value, annotations[key])
-        problem = _type_problem(value, annotations[key])
+        problem = type_problem(value, annotations[key])
         if problem:
             raise ConfigError(f"{where(key)}: {key} must be {problem}, got {value!r}")
     return out
