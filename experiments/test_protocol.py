@@ -215,7 +215,7 @@ def test_smol_detailed_greedy_matches_cli(tmp_path):
 def test_critical_lr_by_hand():
     """Collapse fractions 0 (x2), 1/4 (x4), 3/4 (x8): 1/2 is crossed halfway between x4 and x8 on a log
     scale, sqrt(4 * 8); a fraction >= 1/2 at the lowest rate returns that rate; never: None."""
-    from experiments.protocol.report import critical_lr
+    from experiments.protocol.report.claim2 import critical_lr
 
     def runs(arm, f, n_coll, n):
         return [{"arm": arm, "lr": f, "collapsed": i < n_coll} for i in range(n)]
@@ -230,7 +230,7 @@ def test_critical_ratio_bootstrap():
     """Without seed noise (every seed of a rate collapses alike) the bootstrap has one value: arm b starts
     collapsing between x4 and x8 at sqrt(32), arm a at x2, ratio sqrt(32) / 2 exactly; a copy of an arm
     against itself contains 1; an arm that never collapses gives an upper end of +inf."""
-    from experiments.protocol.report import critical_ratio_ci
+    from experiments.protocol.report.claim2 import critical_ratio_ci
 
     def runs(arm, f, n_coll, n):
         return [{"arm": arm, "lr": f, "collapsed": i < n_coll} for i in range(n)]
@@ -250,15 +250,15 @@ def test_critical_ratio_bootstrap():
 def test_report_regenerates_from_committed_data(tmp_path, monkeypatch):
     """docs/results.md is computed from experiments/data alone: regenerating it into a temporary place
     gives the committed document, byte for byte (every table and verdict; figures are not compared)."""
-    from experiments.protocol import report
+    from experiments.protocol.report import claim2, document, tables
 
-    committed = open(report.DOCS_MD).read()
-    monkeypatch.setattr(report, "DOCS_MD", str(tmp_path / "results.md"))
-    monkeypatch.setattr(report, "FIG_DIR", str(tmp_path / "results" / "protocol"))
-    out = report.write_results()
+    committed = open(tables.DOCS_MD).read()
+    monkeypatch.setattr(tables, "DOCS_MD", str(tmp_path / "results.md"))
+    monkeypatch.setattr(tables, "FIG_DIR", str(tmp_path / "results" / "protocol"))
+    out = document.write_results()
     assert open(out).read() == committed
     for rep, png in (("a", "claim2_stress.png"), ("b", "claim2_stress_b.png")):
-        if os.path.isfile(os.path.join(report.DATA, report.STRESS_FILES[rep])):
+        if os.path.isfile(os.path.join(claim2.DATA, claim2.STRESS_FILES[rep])):
             assert (tmp_path / "results" / "protocol" / png).is_file()
 
 
@@ -419,7 +419,7 @@ def test_smol_export_keeps_committed_runs(tmp_path, monkeypatch):
 
 
 def test_item5_is_judged_on_every_thread_count():
-    from experiments.protocol import report
+    from experiments.protocol.report import smol as report
 
     def runs(gains):
         return {s: {"gain": g, "collapsed": g < 0} for s, g in enumerate(gains)}
@@ -541,7 +541,7 @@ def test_stress_opt_c_workers_share_jobs_wait_and_stop(tmp_path, monkeypatch):
 def test_stress_opt_c_branch_grid_and_reproduction_check():
     """Branch A only on an equal start record; the continuation's grid is stress_opt's rule applied to its
     committed pilot; the reproduction check says where two runs' rewards part."""
-    from experiments.protocol import report_optimiser as ro
+    from experiments.protocol.report import claim2_optimiser as ro
     from experiments.protocol import stress_opt, stress_opt_c
     from experiments.protocol.common import read_jsonl_gz
 
@@ -569,7 +569,7 @@ def test_stress_opt_c_branch_grid_and_reproduction_check():
 def test_released_optimiser_pooled_test_stratifies_by_model_and_rate():
     """The pooled log-rank test compares runs only within (model, rate): a model where every run collapses at
     step 5 and one where none does carry no signal between arms."""
-    from experiments.protocol import report_optimiser as ro
+    from experiments.protocol.report import claim2_optimiser as ro
 
     def o(arm, lr, seed, t):
         return {"arm": arm, "lr": lr, "seed": seed, "collapsed": t < 40, "time": t}
@@ -624,7 +624,7 @@ def test_declaration_commit_is_checked_against_git():
 
 def test_hand_written_verdicts_are_tied_to_their_data():
     """The hand-written prose renders only while its data files have the digests it was written against."""
-    from experiments.protocol import verdicts
+    from experiments.protocol.report import verdicts
 
     now = verdicts.data_digests()
     assert now == verdicts.DIGESTS  # the committed prose was checked against the committed data
@@ -636,7 +636,7 @@ def test_hand_written_verdicts_are_tied_to_their_data():
 
 
 def test_claim1_verdict_follows_the_data():
-    from experiments.protocol import verdicts
+    from experiments.protocol.report import verdicts
 
     def arm(median, p, n=200):
         return {"grpo": {"median": median, "frac_neg": 0.5, "n": n, "w0": {"p": p}, "kl": 1.0}}
@@ -654,7 +654,7 @@ def test_claim1_verdict_follows_the_data():
 
 
 def test_attribution_pairs_only_seeds_with_both_evaluations():
-    from experiments.protocol import report_attribution as ra
+    from experiments.protocol.report import claim7_attribution as ra
 
     def e(sampled=None, greedy=None):
         return {"sampled": None if sampled is None else {"pass@1": sampled},
@@ -669,7 +669,7 @@ def test_attribution_pairs_only_seeds_with_both_evaluations():
 
 
 def test_stress_models_compare_by_their_records():
-    from experiments.protocol.report_optimiser import same_model
+    from experiments.protocol.report.claim2_optimiser import same_model
 
     a = {"kind": "start", "error_rate_other": 0.112, "entropy_other": 0.175, "build_seconds": 452.0}
     assert same_model(a, dict(a, build_seconds=850.0, build_cpu_seconds=300.0))
@@ -714,7 +714,7 @@ def test_claim7c_tuning_joins_the_first_designs_seeds():
     """Re-tuning: a grid counts as complete only with six seeds per rate (three from the first design's tuning
     runs, three new), the rule then picks from all six, and an arm with no new tuning run is not shown."""
     from experiments.protocol import claim7c
-    from experiments.protocol import report_attribution as ra
+    from experiments.protocol.report import claim7_attribution as ra
 
     def tune(arm, lr, seed, p):
         return {"kind": "tune", "arm": arm, "lr": lr, "seed": seed, "validation": {"metrics": {"pass@1": p}}}

@@ -8,10 +8,10 @@ import os
 import statistics
 from collections import defaultdict
 
-from . import claim7b, claim7c, stats
-from .common import DATA, read_jsonl_gz
-from .declare import check_runs, describe
-from .report import _docstring_design, fmt_p, mean_sd, pct, table
+from .. import claim7b, claim7c, stats
+from ..common import DATA, read_jsonl_gz
+from ..declare import check_runs, describe
+from .tables import _docstring_design, fmt_p, mean_sd, pct, table
 
 DATA_NAME = os.path.relpath(claim7b.DATA_FILE, DATA)
 DATA_NAME_C = os.path.relpath(claim7c.DATA_FILE, DATA)

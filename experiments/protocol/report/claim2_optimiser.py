@@ -10,11 +10,12 @@ import math
 import os
 import statistics
 
-from . import claim7b, stats, stress_opt, stress_opt_c
-from .common import DATA, read_jsonl_gz
-from .declare import check_runs, describe
-from .stress import same_start
-from .report import (critical_lr, critical_lr_ci, critical_ratio_ci, fmt_p, load_stress, pct, stress_outcomes, table)
+from .. import claim7b, stats, stress_opt, stress_opt_c
+from ..common import DATA, read_jsonl_gz
+from ..declare import check_runs, describe
+from ..stress import same_start
+from .claim2 import critical_lr, critical_lr_ci, critical_ratio_ci, load_stress, stress_outcomes
+from .tables import fmt_p, pct, table
 
 LABELS = {"grpo": "GRPO, released optimiser", "gtpo_official": "GTPO (official), released optimiser"}
 REF, ARM = "grpo", "gtpo_official"
