@@ -1,4 +1,4 @@
-"""docs/results.md's section on claim 1 (``experiments.protocol.onestep``): the paired one-step measurements per
+"""docs/results.md's section on claim 1 (``experiments.protocol.claim1``): the paired one-step measurements per
 (model, state, variant) and step rule, and their figure."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""docs/results.md's section on claim 2 (``experiments.protocol.stress``): the stress models' start, the collapse
+"""docs/results.md's section on claim 2 (``experiments.protocol.claim2``, its grid): the stress models' start, the collapse
 grid per arm and rate, critical learning rates with bootstrap intervals, log-rank tests, entropy, and the figure."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import statistics
 
 from .. import stats
 from ..common import DATA
-from ..stress import REPLICATES, collapse_step
+from ..claim2 import REPLICATES, collapse_step
 from .tables import _figure, _save, fmt_p, load_start_and_runs, pct, table
 
-#: the stress replicates (one stress model each; ``stress.REPLICATES``) and their data files, never pooled
+#: the stress replicates (one stress model each; ``claim2.REPLICATES``) and their data files, never pooled
 STRESS_FILES = {k: os.path.relpath(r.data, DATA) for k, r in REPLICATES.items()}
 
 

@@ -1,4 +1,4 @@
-"""docs/results.md's section on claim 7's first design (``experiments.protocol.claim7``): the start model, the
+"""docs/results.md's section on claim 7's first design (``experiments.protocol.claim7.FIRST``): the start model, the
 tuning, the held-out finals, paired tests against GTPO, and the figure."""
 
 from __future__ import annotations

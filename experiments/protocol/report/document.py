@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .. import claim7, claim7b, claim7c, stress_opt, stress_opt_c
+from ..claim2 import RELEASED, RELEASED_CONTINUED
+from ..claim7 import ATTRIBUTION, CONTINUED, FIRST
 from ..common import DATA
 from ..declare import describe
 from ..smol import DEFAULT_ARM
@@ -23,15 +24,7 @@ from .claim2 import STRESS_FILES, STRESS_LABELS, _stress_design, fig_stress, str
 from .claim7 import C7_LABELS, claim7_section, fig_claim7
 from .prose import VERDICTS
 from .smol import SMOL_LABELS, _item5_state, fig_smol, smol_section
-from .tables import _docstring_design, table
-
-
-def claim7b_design() -> str:
-    return _docstring_design(claim7b)
-
-
-def stress_opt_design(which: str = "b") -> str:
-    return _docstring_design(stress_opt if which == "b" else stress_opt_c)
+from .tables import design_paragraph, table
 
 
 def _status_rows(onestep: dict, smol_res: dict, stress_res: dict, stress_b_res: dict, c7_res: dict,
@@ -68,30 +61,30 @@ def _new_design_rows(c7b_res: dict, opt_res: dict, opt_c_res: dict) -> list[list
     if c7b_res:
         per = c7b_res["final"]
         rows.append(["claim 7 attribution (issue 32 item 1; declared, checked)",
-                     "; ".join(f"{claim7b.LABELS[a]}: {sum(1 for e in per[a].values() if e['own'])} run(s)"
-                               for a in claim7b.ARMS if a in per) + f". {describe(c7b_res['check'])}",
-                     f"`experiments/data/{os.path.relpath(claim7b.DATA_FILE, DATA)}`"])
+                     "; ".join(f"{ATTRIBUTION.labels[a]}: {sum(1 for e in per[a].values() if e['own'])} run(s)"
+                               for a in ATTRIBUTION.arms if a in per) + f". {describe(c7b_res['check'])}",
+                     f"`experiments/data/{os.path.relpath(ATTRIBUTION.data, DATA)}`"])
     if c7b_res.get("check_c"):
         runs = [e for es in c7b_res["final"].values() for e in es.values() if e["own"]]
         rows.append(["claim 7 attribution continued (issue 32 item 1; declared, checked)",
                      f"branch {c7b_res.get('branch_c')}; {c7b_res['check_c']['n']} runs ({len(runs)} final runs of both "
                      f"designs pooled). {describe(c7b_res['check_c'])}",
-                     f"`experiments/data/{os.path.relpath(claim7c.DATA_FILE, DATA)}`"])
+                     f"`experiments/data/{os.path.relpath(CONTINUED.data, DATA)}`"])
     if opt_res:
         n_p, n_m = len(opt_res.get("pilot", [])), len(opt_res.get("main", []))
         rows.append(["claim 2 under the released optimiser (issue 32 item 2; declared, checked)",
-                     f"pilot {n_p} runs, main grid {n_m} of {len(stress_opt.ARMS) * stress_opt.N_MAIN * len(stress_opt.MAIN_SEEDS)} "
-                     f"runs. {describe(opt_res['check'])}", f"`experiments/data/{os.path.relpath(stress_opt.DATA_FILE, DATA)}`"])
+                     f"pilot {n_p} runs, main grid {n_m} of {len(RELEASED.arms) * RELEASED.n_main * len(RELEASED.main_seeds)} "
+                     f"runs. {describe(opt_res['check'])}", f"`experiments/data/{os.path.relpath(RELEASED.data, DATA)}`"])
     if opt_res.get("check_c"):
         rows.append(["claim 2 under the released optimiser continued: seeds 6-11 (issue 32 item 2; declared, checked)",
                      f"{opt_res['check_c']['n']} runs (2 of them the reproduction check), pooled above. "
-                     f"{describe(opt_res['check_c'])}", f"`experiments/data/{os.path.relpath(stress_opt_c.DATA_FILE, DATA)}`"])
+                     f"{describe(opt_res['check_c'])}", f"`experiments/data/{os.path.relpath(RELEASED_CONTINUED.data, DATA)}`"])
     if opt_c_res:
         n_p, n_m = len(opt_c_res.get("pilot", [])), len(opt_c_res.get("main", []))
         rows.append(["claim 2 under the released optimiser, replicate c (issue 32 item 2; declared, checked)",
-                     f"pilot {n_p} runs, main grid {n_m} of {len(stress_opt.ARMS) * stress_opt.N_MAIN * len(stress_opt.MAIN_SEEDS)} "
+                     f"pilot {n_p} runs, main grid {n_m} of {len(RELEASED.arms) * RELEASED.n_main * len(RELEASED.main_seeds)} "
                      f"runs. {describe(opt_c_res['check'])}",
-                     f"`experiments/data/{os.path.relpath(stress_opt_c.DATA_FILE, DATA)}`"])
+                     f"`experiments/data/{os.path.relpath(RELEASED_CONTINUED.data, DATA)}`"])
     return rows
 
 
@@ -110,7 +103,7 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
         opt_c_res["pooled"] = claim2_optimiser.pooled(opt_res, opt_c_res)
     v1 = verdicts.claim1(one_res)
     v2 = verdicts.claim2(stress_res, stress_b_res, STRESS_LABELS)
-    v7 = verdicts.claim7_first(c7_res, claim7.TUNE_LRS, c7b_res)
+    v7 = verdicts.claim7_first(c7_res, FIRST.tune_lrs, c7b_res)
     v7b = c7b_res.get("verdict", "")
     v2opt = claim2_optimiser.claim_verdict(opt_res, opt_c_res)
     status = verdicts.status([("Claim 1", v1), ("Claim 2", v2), ("Claim 2 under the released optimiser", v2opt),
@@ -147,15 +140,15 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
               "### Under the released optimiser\n" if opt_res else "",
               v2opt if opt_c_res else "",
               "#### The first run: replicate b's model, 6 of 12 seeds\n" if opt_c_res and opt_res else "",
-              "\n".join((stress_opt_design("b"), opt_res.get("verdict", ""), opt_txt)) if opt_res else "",
+              "\n".join((design_paragraph(RELEASED), opt_res.get("verdict", ""), opt_txt)) if opt_res else "",
               "#### The continuation's declaration (seeds 6-11)\n" if opt_res.get("check_c") else "",
-              stress_opt_design("c") if opt_res.get("check_c") else "",
+              design_paragraph(RELEASED_CONTINUED) if opt_res.get("check_c") else "",
               "#### The design in full: replicate c\n" if opt_c_res else "",
-              "\n".join((stress_opt_design("c"), opt_c_res.get("verdict", ""), opt_c_txt)) if opt_c_res else "",
+              "\n".join((design_paragraph(RELEASED_CONTINUED), opt_c_res.get("verdict", ""), opt_c_txt)) if opt_c_res else "",
               "## Claim 7: GTPO reaches higher accuracy\n", v7, VERDICTS.get("claim7", ""), c7_txt,
               f"![claim 7, accuracy]({figs['claim7']})\n" if figs.get("claim7") else "",
               "### Attribution: which part of GTPO carries the gain\n" if c7b_res else "",
-              "\n".join((claim7b_design(), v7b, c7b_txt)) if c7b_res else "",
+              "\n".join((design_paragraph(ATTRIBUTION), v7b, c7b_txt)) if c7b_res else "",
               "## SmolLM2-135M on the default task\n", VERDICTS.get("smol", ""), smol_txt if smol_res else "(no runs yet)\n"]
     if figs.get("smol"):
         parts.append(f"![default task]({figs['smol']})\n")

@@ -67,8 +67,9 @@ def load_start_and_runs(name: str, kinds: tuple[str, ...]) -> tuple[dict | None,
     return start, [r for r in recs if r["kind"] in kinds]
 
 
-def _docstring_design(module) -> str:
-    """The **Design** paragraph of an experiment module's docstring, as markdown (the declaration itself)."""
-    doc = module.__doc__
+def design_paragraph(design) -> str:
+    """The **Design** paragraph of a design's declaration (``designs/``: the module docstring it was declared in), as
+    markdown: the declaration itself."""
+    doc = design.declaration()
     body = doc[doc.index("**Design"):].split("\n\n    python")[0]
     return body.replace(":data:", "").replace(":func:", "").replace(":mod:", "").replace("``", "`") + "\n"
