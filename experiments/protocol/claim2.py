@@ -227,7 +227,7 @@ class ReleasedOptimiser(Design):
         fs = sorted(outcomes)
         first_any = next((f for f in fs if any(outcomes[f])), None)
         if first_any is None:
-            raise ValueError("stress_opt: no pilot run collapsed at any factor; the main grid has no upper end")
+            raise ValueError("claim2 released: no pilot run collapsed at any factor; the main grid has no upper end")
         below = [f for f in fs if f < first_any]
         lo = below[-1] if below else first_any
         hi = next((f for f in fs if all(outcomes[f])), fs[-1])

@@ -303,7 +303,7 @@ class Attribution(Design):
         if not os.path.isfile(stamp):  # the first start of this run (a resumed run keeps its first stamp)
             write_json(stamp, run_stamp(self.module))
         if run_status(d) != "done":
-            execute(self.argv_for(arm, seed), d, f"claim7b {arm} lr {self.lr:g} seed {seed}")
+            execute(self.argv_for(arm, seed), d, f"claim7 attribution {arm} lr {self.lr:g} seed {seed}")
         for mode in self.modes(arm, seed):
             if not os.path.isfile(_eval_file(d, mode)):
                 _score(d, "heldout", mode)
@@ -416,7 +416,7 @@ class Continued(Design):
     def branch(self, start: dict | None, first: dict | None) -> str:
         """"A" when the rebuilt start model's record equals the first design's in every measured value, else "B"."""
         if start is None or first is None:
-            raise SystemExit("claim7c: the branch needs both start records (build the start model; the first design's "
+            raise SystemExit("claim7 continued: the branch needs both start records (build the start model; the first design's "
                              f"data {self.first_data})")
         return "A" if _measured(start) == _measured(first) else "B"
 
@@ -504,7 +504,7 @@ class Continued(Design):
         if not os.path.isfile(stamp):  # the first start of this run (a resumed run keeps its first stamp)
             write_json(stamp, {**run_stamp(self.module), "branch": br})
         if run_status(d) != "done":
-            execute(self.argv_for(arm, lr, seed), d, f"claim7c {kind} {arm} lr {lr:g} seed {seed}")
+            execute(self.argv_for(arm, lr, seed), d, f"claim7 continued {kind} {arm} lr {lr:g} seed {seed}")
         for mode in self.modes(br, kind, arm, seed, lr):
             if not os.path.isfile(_eval_file(d, mode)):
                 _score(d, "validation" if mode == "validation" else "heldout", mode)
