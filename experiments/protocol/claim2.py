@@ -420,8 +420,8 @@ class ReleasedContinued(Design):
         for job in self.jobs():
             print(*job, "done" if self._done(job) else "-")
 
-    def export(self) -> str:
-        return self.base.export(self.data, self.rep)
+    def export(self, out: str | None = None) -> str:
+        return self.base.export(out or self.data, self.rep)
 
 
 _CONTINUED_DATA = os.path.join(DATA, "stress-released-optimiser-c.jsonl.gz")

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 
 from .common import DATA, ROOT, RUNS, Design, read_jsonl_gz, setup_env, take_lock, write_json, write_jsonl_gz
-from .startmodels import START, _per_problem, build_claim7, eval_model
+from .startmodels import START, build_claim7, eval_model, per_problem
 
 MODULE = "experiments/protocol/claim7.py"
 #: greedy pass@1 (one completion at temperature 0), the attribution's second evaluation
@@ -40,7 +40,7 @@ GREEDY = dict(n=1, k=[1], maj_k=[1], temperature=0.0, max_new_tokens=64, answer_
 NOTHING_LEARNED = {"pass@1": 0.0, "pass@8": 0.0, "maj@8": 0.0}
 
 
-
+# ------------------------------------------------------------------ what the runs of every design share
 def base_argv(arm_argv: list[str], lr: float, seed: int, steps: int) -> list[str]:
     """``gtpo train`` arguments of a claim-7 run on the start model (every design's)."""
     return ["experiments/configs/tiny.yaml", *arm_argv, "--model", os.path.relpath(os.path.join(START, "model"), ROOT),
@@ -52,19 +52,20 @@ def _eval_file(d: str, mode: str) -> str:
     return os.path.join(d, f"eval_{mode}.json")
 
 
-def _score(d: str, split: str, mode: str) -> None:
-    """Evaluate the finished run in ``d`` on ``split``, sampled (8 at temperature 1) or greedy, into ``eval_<mode>``;
-    a run that ended itself on non-finite updates is scored as nothing learned."""
+def _score(d: str, split: str, mode: str, path: str | None = None) -> None:
+    """Evaluate the finished run in ``d`` on ``split``, sampled (8 at temperature 1) or greedy, into ``path``
+    (``eval_<mode>.json`` by default); a run that ended itself on non-finite updates is scored as nothing learned."""
     from gtpo.evaluation import evaluate
 
+    path = path or _eval_file(d, mode)
     summary = json.load(open(os.path.join(d, "summary.json")))
     if "stopped" in summary:
-        write_json(_eval_file(d, mode), {"metrics": dict(NOTHING_LEARNED), "stopped": summary["stopped"]})
+        write_json(path, {"metrics": dict(NOTHING_LEARNED), "stopped": summary["stopped"]})
         return
     data = os.path.join(START, "data", f"{split}.jsonl")
     ev = evaluate(d, dataset=os.path.relpath(data, ROOT), seed=0, **GREEDY) if mode == "greedy" else eval_model(d, data)
     ev["split"] = split
-    write_json(_eval_file(d, mode), ev)
+    write_json(path, ev)
 
 
 def _record(d: str, job: dict, modes: tuple[str, ...]) -> dict:
@@ -77,7 +78,7 @@ def _record(d: str, job: dict, modes: tuple[str, ...]) -> dict:
            "steps": kept_steps(d)}
     for mode in modes:
         ev = json.load(open(_eval_file(d, mode)))
-        rec[mode] = {"metrics": ev["metrics"], "per_problem": _per_problem(ev), "timing": ev.get("timing"),
+        rec[mode] = {"metrics": ev["metrics"], "per_problem": per_problem(ev), "timing": ev.get("timing"),
                      "stopped": ev.get("stopped")}
     return rec
 
@@ -145,14 +146,7 @@ class First(Design):
         if run_status(d) != "done":
             execute(self.argv_for(arm, lr, seed), d, f"claim7 {kind} {arm} lr {lr:g} seed {seed}")
         if not os.path.isfile(self.eval_path(d)):
-            split = "validation" if kind == "tune" else "heldout"
-            summary = json.load(open(os.path.join(d, "summary.json")))
-            if "stopped" in summary:  # the run ended itself on non-finite updates: score it as nothing learned
-                write_json(self.eval_path(d), {"metrics": dict(NOTHING_LEARNED), "stopped": summary["stopped"]})
-                return
-            ev = eval_model(d, os.path.join(START, "data", f"{split}.jsonl"))
-            ev["split"] = split
-            write_json(self.eval_path(d), ev)
+            _score(d, "validation" if kind == "tune" else "heldout", "sampled", self.eval_path(d))
 
     def work(self, poll_s: float = 20.0) -> None:
         """Run every job not done; final jobs of an arm wait for its tuning. Workers share via lock files."""
@@ -200,7 +194,7 @@ class First(Design):
                 continue
             ev = json.load(open(self.eval_path(d)))
             recs.append({"kind": kind, "arm": arm, "lr": lr, "seed": seed, "argv": self.argv_for(arm, lr, seed),
-                         "metrics": ev["metrics"], "per_problem": _per_problem(ev), "stopped": ev.get("stopped"),
+                         "metrics": ev["metrics"], "per_problem": per_problem(ev), "stopped": ev.get("stopped"),
                          "eval_timing": ev.get("timing"),
                          "timing": json.load(open(os.path.join(d, "timing.json"))) if os.path.isfile(os.path.join(d, "timing.json")) else None,
                          "steps": kept_steps(d)})

@@ -22,7 +22,10 @@ from dataclasses import dataclass
 
 from .common import EXPERIMENTS, ROOT, cpu_seconds, write_json
 
-V3 = os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0")
+V3 = os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0")  # the tiny model (experiments/pretrain.py, seed 0)
+
+
+# ------------------------------------------------------------------ claim 7's start model and its splits
 START = os.path.join(EXPERIMENTS, ".cache", "tiny-v3-s0-claim7")
 N_HELDOUT = 500
 N_VAL = 200
@@ -31,8 +34,10 @@ CLAIM7_SFT = dict(learning_rate=1e-3, batch_size=24, max_length=160, warmup_rati
 CHUNK_STEPS = 250
 MAX_CHUNKS = 12
 TARGET_PASS1 = 0.25
+#: the sampled evaluation of claim 7 (validation and held-out): 8 samples at temperature 1, answers from the tag
 EVAL = dict(n=8, k=[1, 8], maj_k=[8], temperature=1.0, max_new_tokens=64, answer_from="tag", batch_size=256)
-# ------------------------------------------------------------------ the start model and the splits
+
+
 def _ops_key(p: dict) -> tuple:
     return tuple(p["_ops"])
 
@@ -148,13 +153,13 @@ def build_claim7(log=print) -> str:
              "build_seconds": time.time() - t0, "build_cpu_seconds": cpu_seconds() - c0}
     ev = eval_model(os.path.join(work, "model"), os.path.join(work, "data", "heldout.jsonl"))
     start["heldout"] = ev["metrics"]
-    start["heldout_per_problem"] = _per_problem(ev)
+    start["heldout_per_problem"] = per_problem(ev)
     write_json(os.path.join(work, "start.json"), start)
     os.replace(work, START)
     return START
 
 
-def _per_problem(ev: dict) -> list[float]:
+def per_problem(ev: dict) -> list[float]:
     """Per-problem fraction of correct samples (pass@1 per problem), in the split's order."""
     out = []
     for p in ev.get("problems", []):
@@ -177,10 +182,11 @@ class Replicate:
     data: str
 
 
+#: on the error prompts (third operand in ERROR_C) the SFT target is the systematic error with probability P_ERROR
 P_ERROR = 0.9
 ERROR_C = (7, 8, 9)
 STRESS_SFT = dict(max_steps=600, learning_rate=2e-3, batch_size=24, max_length=160, warmup_ratio=0.0,
-           lr_scheduler_type="cosine")
+                  lr_scheduler_type="cosine")
 
 
 def is_error_prompt(question: str) -> bool:
@@ -202,6 +208,8 @@ def stress_target(problem: dict, rng: random.Random) -> str:
 
 
 def build_stress(rep: Replicate) -> str:
+    """The stress model of ``rep`` (see the module docstring), its start record measured by :func:`measure`; cached
+    under ``rep.model``."""
     if os.path.isfile(os.path.join(rep.model, "start.json")):
         return rep.model
     sys.path.insert(0, EXPERIMENTS)
