@@ -39,6 +39,9 @@ from .common import (DATA, EXPERIMENTS, ROOT, RUNS, Design, read_jsonl_gz, setup
 from .startmodels import Replicate, build_stress
 
 MODULE = "experiments/protocol/claim2.py"
+
+
+# ------------------------------------------------------------------ the grid: arms x rates x seeds on a stress replicate
 #: stress1 (200 SFT steps at lr 1e-3) learned the error only weakly and not per prompt: sampled at
 #: temperature 1 it wrote "The answer is N." on 52 % of error-prompt samples and on 29 % of the others
 #: (5 % / 8 % before); stress2 trains longer and faster. Replicate "a" is the stress2 model of the first
@@ -69,8 +72,6 @@ ARMS: dict[str, list[str]] = {
 }
 
 
-
-# ------------------------------------------------------------------ runs
 def lr_label(f: float) -> str:
     return f"x{f:g}"
 
