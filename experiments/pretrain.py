@@ -23,7 +23,7 @@ What it builds (deterministic given ``--seed``), under ``experiments/.cache/tiny
   prompts of the test split rendered with the chat template (the text the policy sees).
 
 Usage: ``python experiments/pretrain.py [--seed 0] [--force]``; the protocol's builders
-(``protocol/claim7.py``, ``protocol/stress.py``) and ``legacy/suite.py`` call :func:`ensure_tiny_model` / :func:`build` themselves. Nothing here is committed (``experiments/.gitignore``).
+(``protocol/startmodels.py``) and ``legacy/suite.py`` call :func:`ensure_tiny_model` / :func:`build` themselves. Nothing here is committed (``experiments/.gitignore``).
 """
 
 from __future__ import annotations

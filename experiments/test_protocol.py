@@ -170,7 +170,7 @@ def test_spearman_by_hand():
 
 
 def test_collapse_criterion():
-    from experiments.protocol.stress import collapse_step
+    from experiments.protocol.claim2 import collapse_step
 
     assert collapse_step([10.0] * 40) is None
     # the 5-step mean over steps 1-5 is 10; it first falls below 5 when the window holds three 0s
@@ -180,7 +180,7 @@ def test_collapse_criterion():
 
 
 def test_error_prompts():
-    from experiments.protocol.stress import is_error_prompt
+    from experiments.protocol.startmodels import is_error_prompt
 
     assert is_error_prompt("What is 59 + 7 - 8?")
     assert not is_error_prompt("Compute 59 + 7 - 6.")
@@ -215,7 +215,7 @@ def test_smol_detailed_greedy_matches_cli(tmp_path):
 def test_critical_lr_by_hand():
     """Collapse fractions 0 (x2), 1/4 (x4), 3/4 (x8): 1/2 is crossed halfway between x4 and x8 on a log
     scale, sqrt(4 * 8); a fraction >= 1/2 at the lowest rate returns that rate; never: None."""
-    from experiments.protocol.report import critical_lr
+    from experiments.protocol.report.claim2 import critical_lr
 
     def runs(arm, f, n_coll, n):
         return [{"arm": arm, "lr": f, "collapsed": i < n_coll} for i in range(n)]
@@ -230,7 +230,7 @@ def test_critical_ratio_bootstrap():
     """Without seed noise (every seed of a rate collapses alike) the bootstrap has one value: arm b starts
     collapsing between x4 and x8 at sqrt(32), arm a at x2, ratio sqrt(32) / 2 exactly; a copy of an arm
     against itself contains 1; an arm that never collapses gives an upper end of +inf."""
-    from experiments.protocol.report import critical_ratio_ci
+    from experiments.protocol.report.claim2 import critical_ratio_ci
 
     def runs(arm, f, n_coll, n):
         return [{"arm": arm, "lr": f, "collapsed": i < n_coll} for i in range(n)]
@@ -250,29 +250,29 @@ def test_critical_ratio_bootstrap():
 def test_report_regenerates_from_committed_data(tmp_path, monkeypatch):
     """docs/results.md is computed from experiments/data alone: regenerating it into a temporary place
     gives the committed document, byte for byte (every table and verdict; figures are not compared)."""
-    from experiments.protocol import report
+    from experiments.protocol.report import claim2, document, tables
 
-    committed = open(report.DOCS_MD).read()
-    monkeypatch.setattr(report, "DOCS_MD", str(tmp_path / "results.md"))
-    monkeypatch.setattr(report, "FIG_DIR", str(tmp_path / "results" / "protocol"))
-    out = report.write_results()
+    committed = open(tables.DOCS_MD).read()
+    monkeypatch.setattr(tables, "DOCS_MD", str(tmp_path / "results.md"))
+    monkeypatch.setattr(tables, "FIG_DIR", str(tmp_path / "results" / "protocol"))
+    out = document.write_results()
     assert open(out).read() == committed
     for rep, png in (("a", "claim2_stress.png"), ("b", "claim2_stress_b.png")):
-        if os.path.isfile(os.path.join(report.DATA, report.STRESS_FILES[rep])):
+        if os.path.isfile(os.path.join(claim2.DATA, claim2.STRESS_FILES[rep])):
             assert (tmp_path / "results" / "protocol" / png).is_file()
 
 
 def test_claim7_splits_are_disjoint():
     """Held-out (500) and validation (200) share no operands with each other or with the RL prompts; the
     held-out split starts with the suite's 200 test problems; gold answers are a + b - c."""
-    import pretrain  # experiments/ (added to sys.path by claim7.make_splits)
+    import pretrain  # experiments/ (added to sys.path by startmodels.make_splits)
 
-    from experiments.protocol import claim7
+    from experiments.protocol import startmodels
 
-    heldout, val, excluded = claim7.make_splits()
+    heldout, val, excluded = startmodels.make_splits()
     _, train, test = pretrain.make_splits(0)
     h, v, t = ({tuple(p["_ops"]) for p in xs} for xs in (heldout, val, train))
-    assert (len(heldout), len(val)) == (claim7.N_HELDOUT, claim7.N_VAL) and len(h) == 500 and len(v) == 200
+    assert (len(heldout), len(val)) == (startmodels.N_HELDOUT, startmodels.N_VAL) and len(h) == 500 and len(v) == 200
     assert not (h & v) and not (h & t) and not (v & t) and excluded == h | v
     assert [p["question"] for p in heldout[:200]] == [p["question"] for p in test]
     for p in heldout + val:
@@ -284,12 +284,12 @@ def test_claim7_splits_are_disjoint():
 def test_claim7_chosen_lr(tmp_path, monkeypatch):
     """The arm's rate is the highest mean validation pass@1 over the tuning seeds (ties: the smaller rate);
     None while a tuning run has no evaluation."""
-    from experiments.protocol import claim7
+    import dataclasses
+
+    from experiments.protocol import claim7 as c7
     from experiments.protocol.common import write_json
 
-    monkeypatch.setattr(claim7, "C7_RUNS", str(tmp_path))
-    monkeypatch.setattr(claim7, "TUNE_LRS", (1e-4, 2e-4, 4e-4))
-    monkeypatch.setattr(claim7, "TUNE_SEEDS", (0, 1))
+    claim7 = dataclasses.replace(c7.FIRST, runs=str(tmp_path), tune_lrs=(1e-4, 2e-4, 4e-4), tune_seeds=(0, 1))
     scores = {1e-4: (0.25, 0.25), 2e-4: (0.375, 0.125), 4e-4: (0.3125, 0.125)}  # means 0.25, 0.25, 0.21875 (exact)
     for lr, vals in scores.items():
         for s, v in zip((0, 1), vals):
@@ -310,78 +310,78 @@ def _stress_start(**kw):
 def test_stress_refuses_to_mix_two_models(tmp_path):
     import json
 
-    from experiments.protocol import stress
+    from experiments.protocol import claim2
     from experiments.protocol.common import write_jsonl_gz
 
     model = tmp_path / "stress-model"
     model.mkdir()
     data = str(tmp_path / "stress.jsonl.gz")
-    rep = stress.Replicate("t", str(model), str(tmp_path / "runs"), data)
+    rep = claim2.Replicate("t", str(model), str(tmp_path / "runs"), data)
     write_jsonl_gz(data, [{"kind": "start", "build_seconds": 850.0, **_stress_start()}])
     # the same model built at another speed: the build keys do not count
     (model / "start.json").write_text(json.dumps({"build_seconds": 452.0, **_stress_start()}))
     # no model on this machine: export keeps the committed runs, nothing to mix
-    stress.check_same_model(stress.Replicate("t", str(tmp_path / "not-built"), rep.runs, data))
-    stress.check_same_model(rep)
+    claim2.check_same_model(claim2.Replicate("t", str(tmp_path / "not-built"), rep.runs, data))
+    claim2.check_same_model(rep)
     (model / "start.json").write_text(json.dumps(_stress_start(error_rate_other=0.112)))
     with pytest.raises(SystemExit, match="error_rate_other"):
-        stress.check_same_model(rep)
+        claim2.check_same_model(rep)
     # no data file yet: nothing to mix
-    stress.check_same_model(stress.Replicate("t", str(model), rep.runs, str(tmp_path / "none.jsonl.gz")))
+    claim2.check_same_model(claim2.Replicate("t", str(model), rep.runs, str(tmp_path / "none.jsonl.gz")))
 
 
-def test_onestep_refuses_to_mix_two_states():
+def test_claim1_refuses_to_mix_two_states():
     import copy
 
     import torch
 
-    from experiments.protocol import onestep
+    from experiments.protocol import claim1
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    fp = onestep.state_fingerprint(model, opt)
+    fp = claim1.state_fingerprint(model, opt)
     twin = copy.deepcopy(model)
-    assert onestep.state_fingerprint(twin, torch.optim.AdamW(twin.parameters(), lr=0.1)) == fp
+    assert claim1.state_fingerprint(twin, torch.optim.AdamW(twin.parameters(), lr=0.1)) == fp
     with torch.no_grad():
         twin.bias[1] += 1e-6  # a tiny change of one weight
-    assert onestep.state_fingerprint(twin, opt) != fp
+    assert claim1.state_fingerprint(twin, opt) != fp
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
-    moved = onestep.state_fingerprint(model, opt)
+    moved = claim1.state_fingerprint(model, opt)
     assert moved != fp
     with torch.no_grad():  # the same weights with other optimizer moments: another state
         for p, q in zip(model.parameters(), twin.parameters()):
             q.copy_(p)
-    assert onestep.state_fingerprint(model, torch.optim.AdamW(model.parameters())) != moved
-    onestep.check_resume([], fp, "f.jsonl.gz")
-    onestep.check_resume([{"try": 0}], fp, "f.jsonl.gz")  # written before fingerprints: cannot be checked
-    onestep.check_resume([{"try": 0}, {"state_fingerprint": fp}], fp, "f.jsonl.gz")
+    assert claim1.state_fingerprint(model, torch.optim.AdamW(model.parameters())) != moved
+    claim1.check_resume([], fp, "f.jsonl.gz")
+    claim1.check_resume([{"try": 0}], fp, "f.jsonl.gz")  # written before fingerprints: cannot be checked
+    claim1.check_resume([{"try": 0}, {"state_fingerprint": fp}], fp, "f.jsonl.gz")
     with pytest.raises(SystemExit, match="f.jsonl.gz .*new --label"):
-        onestep.check_resume([{"state_fingerprint": fp}], moved, "f.jsonl.gz")
+        claim1.check_resume([{"state_fingerprint": fp}], moved, "f.jsonl.gz")
 
 
 def test_stress_replicates_are_kept_apart():
-    from experiments.protocol import stress
+    from experiments.protocol import claim2
 
-    reps = list(stress.REPLICATES.values())
+    reps = list(claim2.REPLICATES.values())
     for field in ("model", "runs", "data"):
         assert len({getattr(r, field) for r in reps}) == len(reps), field
-    assert stress.argv_for(stress.REPLICATES["b"], "grpo", 10.0, 3)[4].endswith("tiny-v3-s0-stress-b/model")
+    assert claim2.argv_for(claim2.REPLICATES["b"], "grpo", 10.0, 3)[4].endswith("tiny-v3-s0-stress-b/model")
 
 
 def test_stress_export_keeps_committed_runs(tmp_path):
-    from experiments.protocol import stress
+    from experiments.protocol import claim2
     from experiments.protocol.common import read_jsonl_gz, write_jsonl_gz
 
     data = str(tmp_path / "stress.jsonl.gz")
     # no run directory on this machine
-    rep = stress.Replicate("t", str(tmp_path / "not-built"), str(tmp_path / "runs"), data)
+    rep = claim2.Replicate("t", str(tmp_path / "not-built"), str(tmp_path / "runs"), data)
     old = [{"kind": "start", **_stress_start()},
            {"kind": "run", "arm": "grpo", "lr_factor": 10.0, "lr": 1e-3, "seed": 3, "steps": [{"step": 1}]},
            {"kind": "run", "arm": "unknown_arm", "lr_factor": 10.0, "lr": 1e-3, "seed": 0, "steps": []}]
     write_jsonl_gz(data, old)
-    stress.export(rep)
+    claim2.export(rep)
     assert read_jsonl_gz(data) == old[:2]  # runs of arms no longer in the grid are not resurrected
 
 
@@ -419,7 +419,7 @@ def test_smol_export_keeps_committed_runs(tmp_path, monkeypatch):
 
 
 def test_item5_is_judged_on_every_thread_count():
-    from experiments.protocol import report
+    from experiments.protocol.report import smol as report
 
     def runs(gains):
         return {s: {"gain": g, "collapsed": g < 0} for s, g in enumerate(gains)}
@@ -456,70 +456,72 @@ def test_smol_arms_pin_what_the_default_may_change():
     assert smol.same_settings("gtpo_lr3e-4") == ("gtpo_lr3e-4_2threads",)
 
 
-def test_claim7b_order_and_attribution_rule():
+def test_claim7_attribution_order_and_rule():
     """The declared blocks in order; GTPO and GRPO reruns scored greedily (seed 0 also sampled); the rule."""
-    from experiments.protocol import claim7b
+    from experiments.protocol.claim7 import ATTRIBUTION
 
-    jobs = claim7b.jobs()
+    jobs = ATTRIBUTION.jobs()
     assert jobs[:4] == [("grpo_gamma", 0), ("gtpo_gamma0", 0), ("grpo_gamma", 1), ("gtpo_gamma0", 1)]
-    assert len(jobs) == len(set(jobs)) == 12 * len(claim7b.ARMS)
-    assert claim7b.jobs((4,)) == [(a, s) for s in range(6) for a in ("gtpo", "grpo")]
-    assert claim7b.modes("gtpo", 0) == ("sampled", "greedy") and claim7b.modes("grpo", 3) == ("greedy",)
-    assert claim7b.modes("grpo_gamma", 3) == ("sampled", "greedy")
-    a = claim7b.ALPHA
+    assert len(jobs) == len(set(jobs)) == 12 * len(ATTRIBUTION.arms)
+    assert ATTRIBUTION.jobs((4,)) == [(a, s) for s in range(6) for a in ("gtpo", "grpo")]
+    assert ATTRIBUTION.modes("gtpo", 0) == ("sampled", "greedy") and ATTRIBUTION.modes("grpo", 3) == ("greedy",)
+    assert ATTRIBUTION.modes("grpo_gamma", 3) == ("sampled", "greedy")
+    a = ATTRIBUTION.alpha
     assert a == pytest.approx(0.05 / 7)
-    assert claim7b.attribution(a / 2, 0.02, 0.5, 0.01) == "the gamma shift carries the gain"
-    assert claim7b.attribution(0.5, 0.02, a / 2, 0.01).startswith("the rest of GTPO")
-    assert claim7b.attribution(a / 2, 0.02, a / 2, 0.01) == "both contribute"
-    assert claim7b.attribution(a / 2, -0.02, 0.5, 0.01) == "none identified"  # significant, but a loss
+    assert ATTRIBUTION.attribution(a / 2, 0.02, 0.5, 0.01) == "the gamma shift carries the gain"
+    assert ATTRIBUTION.attribution(0.5, 0.02, a / 2, 0.01).startswith("the rest of GTPO")
+    assert ATTRIBUTION.attribution(a / 2, 0.02, a / 2, 0.01) == "both contribute"
+    assert ATTRIBUTION.attribution(a / 2, -0.02, 0.5, 0.01) == "none identified"  # significant, but a loss
 
 
-def test_stress_opt_pilot_and_main_grid():
-    from experiments.protocol import stress_opt as so
+def test_claim2_released_pilot_and_main_grid():
+    from experiments.protocol.claim2 import RELEASED as so
 
-    full = len(so.ARMS) * len(so.PILOT_SEEDS)
+    full = len(so.arms) * len(so.pilot_seeds)
     none, every = [False] * full, [True] * full
-    assert so.pilot_factors({}) == list(so.PILOT_FACTORS)
+    assert so.pilot_factors({}) == list(so.pilot_lrs)
     # nothing collapsed at the top: the next ladder factor above
-    outc = {f: none for f in so.PILOT_FACTORS}
-    assert so.pilot_factors(outc) == [*so.PILOT_FACTORS, 3200.0]
+    outc = {f: none for f in so.pilot_lrs}
+    assert so.pilot_factors(outc) == [*so.pilot_lrs, 3200.0]
     # a collapse at the bottom: the next one below
-    outc = {f: every for f in so.PILOT_FACTORS}
-    assert so.pilot_factors(outc) == [3.2, *so.PILOT_FACTORS]
+    outc = {f: every for f in so.pilot_lrs}
+    assert so.pilot_factors(outc) == [3.2, *so.pilot_lrs]
     # bracketed: lo = 32 (below the first collapse at 100), hi = 320 (first factor where all collapsed)
     outc = {10.0: none, 32.0: none, 100.0: [True] + none[1:], 320.0: every, 1000.0: every}
-    assert so.pilot_factors(outc) == list(so.PILOT_FACTORS)
+    assert so.pilot_factors(outc) == list(so.pilot_lrs)
     assert so.main_grid(outc) == [32.0, 100.0, 320.0]
     # no factor where every run collapsed: up to the top of the pilot
     outc = {10.0: none, 32.0: none, 100.0: [True] + none[1:], 320.0: [True] + none[1:], 1000.0: [True] + none[1:]}
     assert so.main_grid(outc) == [32.0, 180.0, 1000.0]
     with pytest.raises(ValueError, match="no pilot run collapsed"):
-        so.main_grid({f: none for f in so.PILOT_FACTORS})
+        so.main_grid({f: none for f in so.pilot_lrs})
 
 
-def test_stress_opt_c_workers_share_jobs_wait_and_stop(tmp_path, monkeypatch):
+def test_claim2_released_continued_workers_share_jobs_wait_and_stop(tmp_path, monkeypatch):
     """Two workers take the declared jobs in order, one each (lock files); a worker waits while the only job
     left runs in the other; none starts at or after the stop time."""
+    import dataclasses
     import os as _os
 
-    from experiments.protocol import stress_opt, stress_opt_c
-    from experiments.protocol.stress import Replicate
+    from experiments.protocol import claim2
+    from experiments.protocol.startmodels import Replicate
 
     rep = Replicate("t", str(tmp_path / "model"), str(tmp_path / "runs"), str(tmp_path / "d.jsonl.gz"))
-    monkeypatch.setattr(stress_opt_c, "REP", rep)
+    cont = dataclasses.replace(claim2.RELEASED_CONTINUED, rep=rep)
+    base = cont.base
     due = [("pilot", "grpo", 10.0, 100), ("pilot", "gtpo_official", 10.0, 100)]
     finished, ran, waits = set(), [], []
-    monkeypatch.setattr(stress_opt_c, "jobs", lambda: list(due))
-    monkeypatch.setattr(stress_opt_c, "_done", lambda job: job in finished)
+    monkeypatch.setattr(claim2.ReleasedContinued, "jobs", lambda self: list(due))
+    monkeypatch.setattr(claim2.ReleasedContinued, "_done", lambda self, job: job in finished)
 
-    def run_job(*job, rep, module):
-        assert module == stress_opt_c.MODULE and _os.path.isfile(stress_opt.run_dir(*job, rep) + ".lock")
+    def run_job(self, *job, rep, module):
+        assert module == cont.module and _os.path.isfile(base.run_dir(*job, rep) + ".lock")
         ran.append(job)
         finished.add(job)
 
-    monkeypatch.setattr(stress_opt, "run_job", run_job)
+    monkeypatch.setattr(claim2.ReleasedOptimiser, "run_job", run_job)
     # the first job is running in another (live) worker: this one takes the second, then waits for the first
-    lock0 = stress_opt.run_dir(*due[0], rep) + ".lock"
+    lock0 = base.run_dir(*due[0], rep) + ".lock"
     _os.makedirs(_os.path.dirname(lock0))
     open(lock0, "w").write(str(_os.getppid()))
 
@@ -527,30 +529,30 @@ def test_stress_opt_c_workers_share_jobs_wait_and_stop(tmp_path, monkeypatch):
         waits.append(s)
         finished.add(due[0])  # the other worker finishes
 
-    stress_opt_c.work(now=lambda: 0.0, sleep=sleep)
-    assert ran == [due[1]] and waits == [stress_opt_c.WAIT_S]
-    assert not _os.path.exists(stress_opt.run_dir(*due[1], rep) + ".lock")
+    cont.work(now=lambda: 0.0, sleep=sleep)
+    assert ran == [due[1]] and waits == [cont.wait_s]
+    assert not _os.path.exists(base.run_dir(*due[1], rep) + ".lock")
     # at the stop time nothing starts
     finished.clear()
     ran.clear()
     _os.remove(lock0)
-    stress_opt_c.work(now=lambda: stress_opt_c.STOP_AT, sleep=sleep)
+    cont.work(now=lambda: cont.stop_at, sleep=sleep)
     assert ran == []
 
 
-def test_stress_opt_c_branch_grid_and_reproduction_check():
-    """Branch A only on an equal start record; the continuation's grid is stress_opt's rule applied to its
+def test_claim2_released_continued_branch_grid_and_reproduction_check():
+    """Branch A only on an equal start record; the continuation's grid is the first run's rule applied to its
     committed pilot; the reproduction check says where two runs' rewards part."""
-    from experiments.protocol import report_optimiser as ro
-    from experiments.protocol import stress_opt, stress_opt_c
+    from experiments.protocol.report import claim2_optimiser as ro
+    from experiments.protocol.claim2 import RELEASED, RELEASED_CONTINUED as cont
     from experiments.protocol.common import read_jsonl_gz
 
-    first = read_jsonl_gz(stress_opt.DATA_FILE)
+    first = read_jsonl_gz(RELEASED.data)
     start = next(r for r in first if r["kind"] == "start")
-    assert stress_opt_c.branch(dict(start, build_seconds=1.0)) == "A"
-    assert stress_opt_c.branch(dict(start, error_rate_other=0.102)) == "B"
-    assert stress_opt_c.committed_main_grid() == [3.2, 5.7, 10.0]
-    j = stress_opt_c.continuation_jobs()
+    assert cont.branch(dict(start, build_seconds=1.0)) == "A"
+    assert cont.branch(dict(start, error_rate_other=0.102)) == "B"
+    assert cont.committed_main_grid() == [3.2, 5.7, 10.0]
+    j = cont.continuation_jobs()
     assert j[:2] == [("main", "grpo", 10.0, 0), ("main", "gtpo_official", 10.0, 0)] and len(j) == 2 + 6 * 3 * 2
     assert j[2] == ("main", "grpo", 3.2, 6) and j[-1] == ("main", "gtpo_official", 10.0, 11)
 
@@ -569,7 +571,7 @@ def test_stress_opt_c_branch_grid_and_reproduction_check():
 def test_released_optimiser_pooled_test_stratifies_by_model_and_rate():
     """The pooled log-rank test compares runs only within (model, rate): a model where every run collapses at
     step 5 and one where none does carry no signal between arms."""
-    from experiments.protocol import report_optimiser as ro
+    from experiments.protocol.report import claim2_optimiser as ro
 
     def o(arm, lr, seed, t):
         return {"arm": arm, "lr": lr, "seed": seed, "collapsed": t < 40, "time": t}
@@ -624,7 +626,7 @@ def test_declaration_commit_is_checked_against_git():
 
 def test_hand_written_verdicts_are_tied_to_their_data():
     """The hand-written prose renders only while its data files have the digests it was written against."""
-    from experiments.protocol import verdicts
+    from experiments.protocol.report import verdicts
 
     now = verdicts.data_digests()
     assert now == verdicts.DIGESTS  # the committed prose was checked against the committed data
@@ -636,7 +638,7 @@ def test_hand_written_verdicts_are_tied_to_their_data():
 
 
 def test_claim1_verdict_follows_the_data():
-    from experiments.protocol import verdicts
+    from experiments.protocol.report import verdicts
 
     def arm(median, p, n=200):
         return {"grpo": {"median": median, "frac_neg": 0.5, "n": n, "w0": {"p": p}, "kl": 1.0}}
@@ -654,7 +656,7 @@ def test_claim1_verdict_follows_the_data():
 
 
 def test_attribution_pairs_only_seeds_with_both_evaluations():
-    from experiments.protocol import report_attribution as ra
+    from experiments.protocol.report import claim7_attribution as ra
 
     def e(sampled=None, greedy=None):
         return {"sampled": None if sampled is None else {"pass@1": sampled},
@@ -669,7 +671,7 @@ def test_attribution_pairs_only_seeds_with_both_evaluations():
 
 
 def test_stress_models_compare_by_their_records():
-    from experiments.protocol.report_optimiser import same_model
+    from experiments.protocol.report.claim2_optimiser import same_model
 
     a = {"kind": "start", "error_rate_other": 0.112, "entropy_other": 0.175, "build_seconds": 452.0}
     assert same_model(a, dict(a, build_seconds=850.0, build_cpu_seconds=300.0))
@@ -677,54 +679,54 @@ def test_stress_models_compare_by_their_records():
     assert not same_model(a, None)
 
 
-def test_claim7c_blocks_branches_and_tuning_rule():
+def test_claim7_continued_blocks_branches_and_tuning_rule():
     """Branch A continues claim7b (its arguments, no (arm, seed) it holds, reruns greedy only); branch B
     reruns every arm; the tuning rule's choice and bracketing; the same-model test ignores build times."""
-    from experiments.protocol import claim7b, claim7c
+    from experiments.protocol.claim7 import ATTRIBUTION, CONTINUED
 
-    a = claim7c.jobs("A")
-    assert len(a) == len(set(a)) and a[0] == ("final", "gtpo", claim7b.LR, 0)
+    a = CONTINUED.jobs("A")
+    assert len(a) == len(set(a)) and a[0] == ("final", "gtpo", ATTRIBUTION.lr, 0)
     finals = [(arm, s) for kind, arm, _, s in a if kind == "final"]
-    assert ("grpo", 0) not in finals and len(finals) == 7 + 10 + 30 + 20 + len(claim7c.jobs("A", (8,)))
-    assert claim7c.modes("A", "final", "grpo", 3) == ("greedy",) and claim7c.modes("A", "final", "gtpo", 0) == (
+    assert ("grpo", 0) not in finals and len(finals) == 7 + 10 + 30 + 20 + len(CONTINUED.jobs("A", (8,)))
+    assert CONTINUED.modes("A", "final", "grpo", 3) == ("greedy",) and CONTINUED.modes("A", "final", "gtpo", 0) == (
         "sampled", "greedy")
-    assert claim7c.modes("B", "final", "grpo", 3) == claim7b.MODES
-    assert claim7c.modes("A", "tune", "grpo", 103) == ("validation",)
-    assert claim7c.argv_for("grpo_masks", claim7b.LR, 4) == claim7b.argv_for("grpo_masks", 4)
-    argv = claim7c.argv_for("grpo", 1.25e-5, 103)
+    assert CONTINUED.modes("B", "final", "grpo", 3) == ATTRIBUTION.modes_all
+    assert CONTINUED.modes("A", "tune", "grpo", 103) == ("validation",)
+    assert CONTINUED.argv_for("grpo_masks", ATTRIBUTION.lr, 4) == ATTRIBUTION.argv_for("grpo_masks", 4)
+    argv = CONTINUED.argv_for("grpo", 1.25e-5, 103)
     assert argv[argv.index("--learning_rate") + 1] == "1.25e-05" and argv[argv.index("--seed") + 1] == "103"
-    tune = [(arm, lr, s) for kind, arm, lr, s in claim7c.jobs("A", (4,))]
+    tune = [(arm, lr, s) for kind, arm, lr, s in CONTINUED.jobs("A", (4,))]
     assert len(tune) == 2 * (6 + 9) and ("grpo", 2.5e-5, 100) not in tune  # the first design's tuning run
-    assert len(claim7c.jobs("A", (6, 7))) == 3 * 3 * 6
-    six = {lr: [0.3] * 6 for lr in claim7c.RETUNE_LRS}
-    assert claim7c.retuned_jobs({"gtpo": {**six, 5e-5: [0.4] * 6}, "grpo": six}) == [
+    assert len(CONTINUED.jobs("A", (6, 7))) == 3 * 3 * 6
+    six = {lr: [0.3] * 6 for lr in CONTINUED.retune_lrs}
+    assert CONTINUED.retuned_jobs({"gtpo": {**six, 5e-5: [0.4] * 6}, "grpo": six}) == [
         ("final", "grpo", 1.25e-5, s) for s in range(16)]  # GTPO at 5e-5 has finals; GRPO's tie goes to 1.25e-5
-    assert claim7c.retuned_jobs({"grpo": {**six, 1e-4: [0.3] * 5}}) == []  # grid unfinished
-    assert claim7c.modes("A", "final", "grpo", 3, 1.25e-5) == claim7b.MODES
-    b = claim7c.jobs("B")
-    assert len(b) == 16 * len(claim7b.ARMS) and b[:5] == [("final", arm, claim7b.LR, 0) for arm in claim7b.ARMS]
-    assert claim7c.chosen_rate({1e-5: [0.25, 0.25], 2e-5: [0.5, 0.0], 4e-5: [0.125]}) == (1e-5, False)  # tie: smaller
-    assert claim7c.chosen_rate({1e-5: [0.3], 2e-5: [0.35], 4e-5: [0.1]}) == (2e-5, True)
+    assert CONTINUED.retuned_jobs({"grpo": {**six, 1e-4: [0.3] * 5}}) == []  # grid unfinished
+    assert CONTINUED.modes("A", "final", "grpo", 3, 1.25e-5) == ATTRIBUTION.modes_all
+    b = CONTINUED.jobs("B")
+    assert len(b) == 16 * len(ATTRIBUTION.arms) and b[:5] == [("final", arm, ATTRIBUTION.lr, 0) for arm in ATTRIBUTION.arms]
+    assert CONTINUED.chosen_rate({1e-5: [0.25, 0.25], 2e-5: [0.5, 0.0], 4e-5: [0.125]}) == (1e-5, False)  # tie: smaller
+    assert CONTINUED.chosen_rate({1e-5: [0.3], 2e-5: [0.35], 4e-5: [0.1]}) == (2e-5, True)
     s = {"kind": "start", "heldout": {"pass@1": 0.263}, "build_seconds": 251.0}
-    assert claim7c.branch(s, dict(s, build_seconds=1943.0, build_cpu_seconds=1.0)) == "A"
-    assert claim7c.branch(s, dict(s, heldout={"pass@1": 0.27})) == "B"
+    assert CONTINUED.branch(s, dict(s, build_seconds=1943.0, build_cpu_seconds=1.0)) == "A"
+    assert CONTINUED.branch(s, dict(s, heldout={"pass@1": 0.27})) == "B"
 
 
-def test_claim7c_tuning_joins_the_first_designs_seeds():
+def test_claim7_continued_tuning_joins_the_first_designs_seeds():
     """Re-tuning: a grid counts as complete only with six seeds per rate (three from the first design's tuning
     runs, three new), the rule then picks from all six, and an arm with no new tuning run is not shown."""
-    from experiments.protocol import claim7c
-    from experiments.protocol import report_attribution as ra
+    from experiments.protocol.claim7 import CONTINUED
+    from experiments.protocol.report import claim7_attribution as ra
 
     def tune(arm, lr, seed, p):
         return {"kind": "tune", "arm": arm, "lr": lr, "seed": seed, "validation": {"metrics": {"pass@1": p}}}
 
-    runs = [tune("grpo", 1.25e-5, s, 0.30) for s in (*claim7c.OLD_TUNE_SEEDS, *claim7c.NEW_TUNE_SEEDS)]
+    runs = [tune("grpo", 1.25e-5, s, 0.30) for s in (*CONTINUED.old_tune_seeds, *CONTINUED.new_tune_seeds)]
     res: dict = {}
     ra.tuning(runs, res)
     assert res["tuned"] == {}  # 2.5e-5 .. 1e-4 have only the first design's three seeds
-    runs += [tune("grpo", lr, s, 0.40 if lr == 2.5e-5 else 0.10) for lr in claim7c.RETUNE_LRS[1:]
-             for s in claim7c.NEW_TUNE_SEEDS]
+    runs += [tune("grpo", lr, s, 0.40 if lr == 2.5e-5 else 0.10) for lr in CONTINUED.retune_lrs[1:]
+             for s in CONTINUED.new_tune_seeds]
     text = ra.tuning(runs, res)
     # means: 1.25e-5 30.0; 2.5e-5 (37.1 + 38.1 + 36.6 + 3 x 40) / 6 = 38.6; 5e-5 (40.8 + 31.9 + 27.4 + 3 x 10) / 6
     # = 21.7; 1e-4 (33.8 + 29.8 + 26.3 + 3 x 10) / 6 = 20.0 -> 2.5e-5, inside the grid
@@ -732,3 +734,23 @@ def test_claim7c_tuning_joins_the_first_designs_seeds():
     assert "| GRPO | 2.5e-05 | 100, 101, 102, 103, 104, 105 | 37.1 / 38.1 / 36.6 / 40.0 / 40.0 / 40.0 | 38.6 | **chosen** |" in text
     assert "GTPO (official preset) |" not in text
     assert "No finals exist" not in text and res.get("tuned_cmp") is None  # GTPO not re-tuned: no comparison
+
+
+@pytest.mark.parametrize("claim, design", [("claim7", "ATTRIBUTION"), ("claim7", "CONTINUED"), ("claim2", "RELEASED"),
+                                           ("claim2", "RELEASED_CONTINUED")])
+def test_declared_designs_export_their_committed_runs_back(tmp_path, claim, design):
+    """With no run directory on this machine, exporting a declared design's data file keeps every committed run: the
+    file comes back with the same records (the claim-7 designs in the same order)."""
+    import importlib
+    import shutil
+
+    from experiments.protocol.common import read_jsonl_gz
+
+    d = getattr(importlib.import_module(f"experiments.protocol.{claim}"), design)
+    out = str(tmp_path / os.path.basename(d.data))
+    shutil.copy(d.data, out)
+    d.export(out)
+    committed, back = read_jsonl_gz(d.data), read_jsonl_gz(out)
+    assert len(back) == len(committed) and sorted(map(repr, back)) == sorted(map(repr, committed))
+    if claim == "claim7":
+        assert back == committed

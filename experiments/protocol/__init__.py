@@ -1,8 +1,10 @@
 """The science protocol of issue 16: runs whose outcome can decide the paper's claims.
 
-Modules: ``stats`` (exact tests: Wilcoxon signed-rank, Mann-Whitney, Fisher, log-rank, bootstrap),
-``smol`` (SmolLM2 on the default task: the default-run decision and claim 7's SmolLM2 part),
-``onestep`` (claim 1: paired one-step updates), ``stress`` (claim 2), ``claim7`` (claim 7: accuracy
-with power on the tiny task), ``tinyruns`` (resumable tiny-model runs), ``report`` (docs/results.md from the committed raw data under
-``experiments/data/``, no training).
+One module per claim, each design a record of its module (its parameters as data) with its declaration under
+``designs/``: ``claim1`` (paired one-step updates), ``claim2`` (the stress model's collapse grid; the released
+optimiser), ``claim7`` (accuracy with power; the attribution of GTPO's gain), ``smol`` (SmolLM2 on the default
+task: the default run's choice). Beside them: ``startmodels`` (the models the claims start from), ``tinyruns``
+(training runs through ``gtpo.app``, resumable), ``declare`` (a design committed before its runs, checked against
+git), ``stats`` (the tests), ``common`` (paths, data files, locks) and ``report`` (docs/results.md from the
+committed raw data under ``experiments/data/``, no training).
 """

@@ -1,4 +1,5 @@
-"""Shared helpers: paths, the environment of a run, compressed jsonl I/O, the workers' job locks."""
+"""Shared helpers: paths, the environment of a run, compressed jsonl I/O, the workers' job locks, and what every
+declared design records (:class:`Design`)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,38 @@ import json
 import os
 import resource
 import time
+from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXPERIMENTS = os.path.dirname(HERE)
 ROOT = os.path.dirname(EXPERIMENTS)
 RUNS = os.path.join(EXPERIMENTS, "runs", "protocol")   # git-ignored working directories
 DATA = os.path.join(EXPERIMENTS, "data")               # committed raw data (compressed jsonl)
+DESIGNS = os.path.join(HERE, "designs")                # each design's declaration, as committed before its runs
+
+
+@dataclass(frozen=True)
+class Design:
+    """What every design of the protocol records, beside its own parameters (the subclasses in the claim modules).
+
+    ``name``: its name on the command line; ``text``: its declaration under ``designs/`` (arms, grids, seeds, test,
+    threshold, stopping rule and amendments, word for word as committed before its runs); ``declared_in``: the file
+    whose commits its committed runs record as ``declared_in`` (``git log -- <file>`` finds them; the file has since
+    moved into its claim's module); ``module``: the module that holds the design now (what a new snapshot declares,
+    :func:`experiments.protocol.declare.run_stamp`); ``data``: its committed data file; ``runs``: its working
+    directories (git-ignored)."""
+
+    name: str
+    text: str
+    declared_in: str
+    module: str
+    data: str
+    runs: str
+
+    def declaration(self) -> str:
+        """The declaration's text (``designs/<text>``)."""
+        with open(os.path.join(DESIGNS, self.text), encoding="utf-8") as f:
+            return f.read()
 
 
 def setup_env(threads: int = 1) -> None:

@@ -14,7 +14,7 @@ running experiment while others edit the working tree) and every run records
 that started before its declaration was committed, and, where git is available, a ``declared_in`` that
 is not in this branch's history or whose committer time is not the recorded one.
 
-    python -m experiments.protocol.declare snapshot experiments/protocol/claim7b.py /work/snap-claim7b
+    python -m experiments.protocol.declare snapshot experiments/protocol/claim7.py /work/snap-claim7
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("snapshot", help="freeze the repository at a commit for an experiment's runs")
-    s.add_argument("module", help="the experiment's module (its declaration), e.g. experiments/protocol/claim7b.py")
+    s.add_argument("module", help="the experiment's module (its declaration), e.g. experiments/protocol/claim7.py")
     s.add_argument("dest")
     s.add_argument("--commit", default="HEAD")
     args = p.parse_args(argv)

@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct on the default task (issue 16, items 4 and 5).
 
 Every run is ``gtpo train --demo --seed S <arm overrides> --output_dir ...`` (the offline default run
-with overrides), executed in this process through ``gtpo.cli.train_main``, with
+with overrides), executed in this process through ``gtpo.app`` (``tinyruns.train``), with
 ``--log_policy_change true`` (update norm and KL(pi_new || pi_old) every step; one extra forward
 without gradient, which consumes no random numbers, so the trajectory is the default run's).
 
@@ -155,7 +155,7 @@ def status(arm: str, seed: int) -> str:
 
 
 def run(arm: str, seed: int) -> None:
-    from gtpo.cli import train_main
+    from .tinyruns import train
 
     st = status(arm, seed)
     if st == "done":
@@ -170,7 +170,7 @@ def run(arm: str, seed: int) -> None:
     os.makedirs(d, exist_ok=True)
     print(f"[smol] {now()} {arm} seed {seed} ({st}): gtpo train {' '.join(argv)}", flush=True)
     t0, c0 = time.time(), cpu_seconds()
-    code = train_main(argv, hooks=_recording_hooks(d))
+    code = train(argv, hooks=_recording_hooks(d))
     if code != 0:
         raise SystemExit(f"gtpo train exited {code}")
     if not os.path.isfile(os.path.join(d, "eval_after.json")):  # resumed runs skip no evaluation, but be safe

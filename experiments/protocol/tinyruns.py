@@ -1,4 +1,5 @@
-"""Resumable tiny-model training runs through ``gtpo.cli.train_main`` (``gtpo train``), one at a time."""
+"""Training runs through the application layer (``gtpo.app``, what ``gtpo train`` calls): :func:`train` with
+``gtpo train``'s arguments, and resumable tiny-model runs (:func:`execute`), one at a time."""
 
 from __future__ import annotations
 
@@ -11,6 +12,19 @@ from gtpo.metric_names import legacy_record
 from .common import ROOT, cpu_seconds, now, read_jsonl, write_json
 
 
+def train(argv: list[str], hooks=None) -> int:
+    """``gtpo train ARGV`` through ``gtpo.app``, as the CLI runs it: ``argv`` is a YAML path first (optional), then
+    ``--field value`` overrides; ``--demo`` starts from the offline default run (``hooks``: :class:`gtpo.app.RunHooks`)."""
+    from gtpo.app import parse_overrides, resolve_train_spec, run_training
+
+    rest = list(argv)
+    config_path = rest.pop(0) if rest and not rest[0].startswith("--") else None
+    demo = "--demo" in rest
+    rest = [a for a in rest if a != "--demo"]
+    spec, source, options = resolve_train_spec(config_path, parse_overrides(rest), demo=demo)
+    return run_training(spec, source=source, argv=list(argv), options=options, hooks=hooks)
+
+
 def run_status(d: str) -> str:
     if os.path.isfile(os.path.join(d, "summary.json")):
         return "done"
@@ -21,7 +35,6 @@ def run_status(d: str) -> str:
 
 def execute(argv: list[str], d: str, tag: str) -> str:
     """Train (or resume) the run whose output directory is ``d``; returns its status afterwards."""
-    from gtpo.cli import train_main
     from gtpo.errors import TrainingStopped
 
     st = run_status(d)
@@ -36,7 +49,7 @@ def execute(argv: list[str], d: str, tag: str) -> str:
     t0, c0 = time.time(), cpu_seconds()
     stopped = None
     try:
-        code = train_main(full)
+        code = train(full)
     except TrainingStopped as err:  # non-finite updates in a row: the run ended by itself (a collapse)
         stopped, code = str(err).splitlines()[0], 0
         os.makedirs(d, exist_ok=True)

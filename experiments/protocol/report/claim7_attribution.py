@@ -1,6 +1,6 @@
-"""docs/results.md's section on the claim-7 attribution design (:mod:`experiments.protocol.claim7b`) and its
-continuation (:mod:`experiments.protocol.claim7c`), with the verdict generated from the data by the rule
-declared in ``claim7b.attribution`` and the tuning rule of ``claim7c.chosen_rate``."""
+"""docs/results.md's section on the claim-7 attribution design (:data:`experiments.protocol.claim7.ATTRIBUTION`) and
+its continuation (:data:`experiments.protocol.claim7.CONTINUED`), with the verdict generated from the data by the
+declared rule (``ATTRIBUTION.attribution``) and the tuning rule of ``CONTINUED.chosen_rate``."""
 
 from __future__ import annotations
 
@@ -8,29 +8,30 @@ import os
 import statistics
 from collections import defaultdict
 
-from . import claim7b, claim7c, stats
-from .common import DATA, read_jsonl_gz
-from .declare import check_runs, describe
-from .report import _docstring_design, fmt_p, mean_sd, pct, table
+from .. import stats
+from ..claim7 import ATTRIBUTION, CONTINUED
+from ..common import DATA, read_jsonl_gz
+from ..declare import check_runs, describe
+from .tables import design_paragraph, fmt_p, mean_sd, pct, table
 
-DATA_NAME = os.path.relpath(claim7b.DATA_FILE, DATA)
-DATA_NAME_C = os.path.relpath(claim7c.DATA_FILE, DATA)
+DATA_NAME = os.path.relpath(ATTRIBUTION.data, DATA)
+DATA_NAME_C = os.path.relpath(CONTINUED.data, DATA)
 METRICS = (("sampled", "pass@1", "sampled pass@1"), ("greedy", "pass@1", "greedy pass@1"),
            ("sampled", "pass@8", "pass@8"), ("sampled", "maj@8", "maj@8"))
 
 
 def load() -> tuple[dict | None, list[dict]]:
-    if not os.path.isfile(claim7b.DATA_FILE):
+    if not os.path.isfile(ATTRIBUTION.data):
         return None, []
-    recs = read_jsonl_gz(claim7b.DATA_FILE)
+    recs = read_jsonl_gz(ATTRIBUTION.data)
     return next((r for r in recs if r["kind"] == "start"), None), [r for r in recs if r["kind"] != "start"]
 
 
 def load_c() -> tuple[dict | None, list[dict]]:
     """The continuation's start record and runs (``claim7c.jsonl.gz``)."""
-    if not os.path.isfile(claim7c.DATA_FILE):
+    if not os.path.isfile(CONTINUED.data):
         return None, []
-    recs = read_jsonl_gz(claim7c.DATA_FILE)
+    recs = read_jsonl_gz(CONTINUED.data)
     return next((r for r in recs if r["kind"] == "start"), None), [r for r in recs if r["kind"] != "start"]
 
 
@@ -49,7 +50,7 @@ def entries(runs: list[dict], same_start: bool) -> dict:
     if same_start and os.path.isfile(os.path.join(DATA, "claim7.jsonl.gz")):
         for r in read_jsonl_gz(os.path.join(DATA, "claim7.jsonl.gz")):
             arm = {("final", "gtpo"): "gtpo", ("samelr", "grpo"): "grpo"}.get((r["kind"], r.get("arm")))
-            if arm in claim7b.RERUN and r["lr"] == claim7b.LR:
+            if arm in ATTRIBUTION.rerun and r["lr"] == ATTRIBUTION.lr:
                 e = out[arm].setdefault(r["seed"], {"sampled": None, "greedy": None, "steps": r["steps"], "own": False})
                 e["first_design"] = r["metrics"]
                 e["sampled"] = r["metrics"]  # identical to a rerun's where one ran (the reproduction check says so)
@@ -80,7 +81,7 @@ def _start_line(start: dict, first: dict | None, where: str) -> tuple[str, bool]
     line = (f"**The start model** (rebuilt by `claim7.build` {where}): validation pass@1 "
             f"{pct(start['kept_validation']['pass@1'])} % after chunk {start['kept_chunk']}; held-out pass@1 "
             f"{pct(ho['pass@1'])} %, pass@8 {pct(ho['pass@8'])} %, maj@8 {pct(ho['maj@8'])} %")
-    same = bool(first) and claim7c.branch(start, first) == "A"
+    same = bool(first) and CONTINUED.branch(start, first) == "A"
     if first:
         fh = first["heldout"]
         line += (f"; the first design's: chunk {first['kept_chunk']}, {pct(fh['pass@1'])} / {pct(fh['pass@8'])} / "
@@ -94,15 +95,15 @@ def _start_line(start: dict, first: dict | None, where: str) -> tuple[str, bool]
 def _compare(per_seed: dict, res: dict) -> list[list]:
     """The rows of the paired-comparison table (every primary comparison, every metric); fills ``res``."""
     crows = []
-    for a, b in claim7b.PRIMARY:
+    for a, b in ATTRIBUTION.primary:
         for mode, metric, name in METRICS:
             c = paired(per_seed, a, b, mode, metric)
             if c is None:
                 continue
             res[(a, b, mode, metric)] = c
             w = c["wilcoxon"]
-            mark = " **(< 0.0071)**" if (mode, metric) == ("sampled", "pass@1") and w["p"] < claim7b.ALPHA else ""
-            crows.append([f"{claim7b.LABELS[a]} − {claim7b.LABELS[b]}", name, len(c["seeds"]), f"{100 * c['mean']:+.2f}",
+            mark = " **(< 0.0071)**" if (mode, metric) == ("sampled", "pass@1") and w["p"] < ATTRIBUTION.alpha else ""
+            crows.append([f"{ATTRIBUTION.labels[a]} − {ATTRIBUTION.labels[b]}", name, len(c["seeds"]), f"{100 * c['mean']:+.2f}",
                           f"{c['higher']} of {len(c['seeds'])}", f"W+ = {w['w_plus']:.0f}, p = {fmt_p(w['p'])}{mark}",
                           f"t = {c['t']['t']:.2f}, p = {fmt_p(c['t']['p'])}", f"{100 * c['mdd']:.2f}"])
     return crows
@@ -110,12 +111,12 @@ def _compare(per_seed: dict, res: dict) -> list[list]:
 
 def _final_rows(per_seed: dict, start: dict | None) -> list[list]:
     frows = []
-    for arm in [a for a in claim7b.ARMS if a in per_seed]:
+    for arm in [a for a in ATTRIBUTION.arms if a in per_seed]:
         es = [per_seed[arm][s] for s in sorted(per_seed[arm])]
         sm = [e["sampled"] for e in es if e["sampled"]]
         gr = [e["greedy"] for e in es if e["greedy"]]
         own = [e for e in es if e["own"]]
-        frows.append([claim7b.LABELS[arm], f"{claim7b.LR:g}", f"{len(sm)} / {len(gr)}",
+        frows.append([ATTRIBUTION.labels[arm], f"{ATTRIBUTION.lr:g}", f"{len(sm)} / {len(gr)}",
                       mean_sd([100 * m["pass@1"] for m in sm]), mean_sd([100 * m["pass@1"] for m in gr]),
                       mean_sd([100 * m["pass@8"] for m in sm]), mean_sd([100 * m["maj@8"] for m in sm]),
                       mean_sd([100 * m.get("format_rate", float("nan")) for m in sm]),
@@ -145,7 +146,7 @@ def _analysis(per_seed: dict, start: dict | None, res: dict, out: list[str], own
     crows = _compare(per_seed, res)
     if crows:
         out.append(f"**Paired comparisons** (final seeds; primary: sampled pass@1, Bonferroni over the "
-                   f"{len(claim7b.PRIMARY)} primary comparisons, p < {claim7b.ALPHA:.4f}):\n")
+                   f"{len(ATTRIBUTION.primary)} primary comparisons, p < {ATTRIBUTION.alpha:.4f}):\n")
         out.append(table(COMPARE_HEADER, crows) + "\n")
     finals = [e for es in per_seed.values() for e in es.values() if e["sampled"] and e["steps"]]
     if len(finals) >= 5:
@@ -167,18 +168,18 @@ def section() -> tuple[str, dict]:
         out.append(line)
     out.append(blocks_run(runs) + "\n")
     cstart, cruns = load_c()
-    res["branch_c"] = br = claim7c.branch(cstart, first) if cstart and cruns and first else None
-    pooled = runs + ([r for r in cruns if r["kind"] == "final" and r["lr"] == claim7b.LR]
+    res["branch_c"] = br = CONTINUED.branch(cstart, first) if cstart and cruns and first else None
+    pooled = runs + ([r for r in cruns if r["kind"] == "final" and r["lr"] == ATTRIBUTION.lr]
                      if br == "A" and res.get("same_start") else [])
     per_seed = entries(pooled, res.get("same_start", False))
     res["final"] = per_seed
-    arms = [a for a in claim7b.ARMS if a in per_seed]
+    arms = [a for a in ATTRIBUTION.arms if a in per_seed]
     cont = (" Runs of the continuation (`claim7c`, below: the same model on a second machine) are pooled by its "
             "declared rule: each (arm, seed) once." if br == "A" else "")
-    out.append(f"**Runs:** every arm at learning rate {claim7b.LR:g}; sampled metrics of "
-               + " and ".join(claim7b.LABELS[a] for a in claim7b.RERUN) + " from the first design's runs of the same "
+    out.append(f"**Runs:** every arm at learning rate {ATTRIBUTION.lr:g}; sampled metrics of "
+               + " and ".join(ATTRIBUTION.labels[a] for a in ATTRIBUTION.rerun) + " from the first design's runs of the same "
                "seeds (see the amendment), greedy pass@1 from their reruns." + cont + " Seeds with each evaluation: "
-               + "; ".join(f"{claim7b.LABELS[a]}: sampled {_seeds(per_seed[a], 'sampled')}, greedy "
+               + "; ".join(f"{ATTRIBUTION.labels[a]}: sampled {_seeds(per_seed[a], 'sampled')}, greedy "
                            f"{_seeds(per_seed[a], 'greedy')}" for a in arms) + ".\n")
     _analysis(per_seed, start, res, out, "the runs of this design" + (" and its continuation" if br == "A" else ""))
     if res.get("same_start"):
@@ -198,7 +199,7 @@ def continuation(cstart: dict | None, cruns: list[dict], first: dict | None, res
     """The continuation's own paragraphs: declaration, start model, blocks, reproduction, tuning (and, in branch
     B, its analysis as replicate c)."""
     res["check_c"] = check_runs(cruns, DATA_NAME_C)
-    out = ["#### Continued on a second machine (`claim7c`)\n", _docstring_design(claim7c),
+    out = ["#### Continued on a second machine (`claim7c`)\n", design_paragraph(CONTINUED),
            f"**Declared before it ran:** {describe(res['check_c'])}.\n"]
     br = res.get("branch_c")
     if cstart:
@@ -206,7 +207,7 @@ def continuation(cstart: dict | None, cruns: list[dict], first: dict | None, res
         out.append(line)
     out.append(blocks_run_c(cruns, br) + "\n")
     if br == "A":
-        rep = reproduction([r for r in cruns if r["kind"] == "final" and r["lr"] == claim7b.LR], res, machine=True)
+        rep = reproduction([r for r in cruns if r["kind"] == "final" and r["lr"] == ATTRIBUTION.lr], res, machine=True)
         if rep:
             out.append(rep + "\n")
         out.append(tuning(cruns, res))
@@ -223,16 +224,16 @@ def blocks_run_c(cruns: list[dict], br: str | None) -> str:
         return ""
     have = {(r["kind"], r["arm"], r["lr"], r["seed"]) for r in cruns}
     parts = []
-    for b, jobs in claim7c.order(br).items():
+    for b, jobs in CONTINUED.order(br).items():
         n = sum(j in have for j in jobs)
         parts.append(f"block {b}: {n} of {len(jobs)} runs" + (" (complete)" if n == len(jobs) else ""))
     if br == "A":  # block 8: finals at a re-tuned rate without first-design finals, from the tuning in the data
-        sc = _scores(cruns, claim7c.RETUNE_ARMS, claim7c.RETUNE_LRS)
-        want = claim7c.retuned_jobs({a: {lr: list(v.values()) for lr, v in g.items()} for a, g in sc.items()})
+        sc = _scores(cruns, CONTINUED.retune_arms, CONTINUED.retune_lrs)
+        want = CONTINUED.retuned_jobs({a: {lr: list(v.values()) for lr, v in g.items()} for a, g in sc.items()})
         n = sum(j in have for j in want)
         parts.append(f"block 8: {n} of {len(want)} runs" + (" (complete)" if n == len(want) and want else "")
                      + ("" if want else " (none due, or block 4 unfinished)"))
-    return f"**Blocks run** (branch {br}): {'; '.join(parts)}. " + claim7c.ENDED
+    return f"**Blocks run** (branch {br}): {'; '.join(parts)}. " + CONTINUED.ended
 
 
 def _scores(cruns: list[dict], arms, grid) -> dict:
@@ -255,7 +256,7 @@ def _first_finals(cruns: list[dict] = ()) -> dict:
         if r["kind"] in ("final", "samelr"):
             out[(r["arm"], r["lr"])][r["seed"]] = r["metrics"]["pass@1"]
     for r in cruns:
-        if r["kind"] == "final" and r["lr"] != claim7b.LR and r.get("sampled"):
+        if r["kind"] == "final" and r["lr"] != ATTRIBUTION.lr and r.get("sampled"):
             out[(r["arm"], r["lr"])][r["seed"]] = r["sampled"]["metrics"]["pass@1"]
     return out
 
@@ -263,23 +264,23 @@ def _first_finals(cruns: list[dict] = ()) -> dict:
 def tuning(cruns: list[dict], res: dict) -> str:
     """Blocks 4 and 6: each arm's validation scores per rate, the rate chosen by the declared rule where the grid
     is complete, whether it is bracketed; at GTPO's and GRPO's re-tuned rates the first design's primary test."""
-    need = {**{a: (claim7c.RETUNE_LRS, 6) for a in claim7c.RETUNE_ARMS},
-            **{a: (claim7c.COMPONENT_LRS, 3) for a in claim7c.COMPONENTS}}
-    sc = {**_scores(cruns, claim7c.RETUNE_ARMS, claim7c.RETUNE_LRS),
-          **_scores(cruns, claim7c.COMPONENTS, claim7c.COMPONENT_LRS)}
+    need = {**{a: (CONTINUED.retune_lrs, 6) for a in CONTINUED.retune_arms},
+            **{a: (CONTINUED.component_lrs, 3) for a in CONTINUED.components}}
+    sc = {**_scores(cruns, CONTINUED.retune_arms, CONTINUED.retune_lrs),
+          **_scores(cruns, CONTINUED.components, CONTINUED.component_lrs)}
     rows, chosen = [], {}
     for arm, (grid, n) in need.items():
         if not any(r["kind"] == "tune" and r["arm"] == arm for r in cruns):
             continue  # nothing of this design's tuning for the arm yet
-        if arm in claim7c.COMPONENTS and not all(len(sc[arm][lr]) >= 6 for lr in grid):
+        if arm in CONTINUED.components and not all(len(sc[arm][lr]) >= 6 for lr in grid):
             # block 7 unfinished: the rule reads seeds 100-102 only (the declaration)
-            sc[arm] = {lr: {k: v for k, v in sc[arm][lr].items() if k in claim7c.OLD_TUNE_SEEDS} for lr in grid}
+            sc[arm] = {lr: {k: v for k, v in sc[arm][lr].items() if k in CONTINUED.old_tune_seeds} for lr in grid}
         complete = all(len(sc[arm][lr]) >= n for lr in grid)
         if complete:
-            chosen[arm] = claim7c.chosen_rate({lr: list(sc[arm][lr].values()) for lr in grid})
+            chosen[arm] = CONTINUED.chosen_rate({lr: list(sc[arm][lr].values()) for lr in grid})
         for lr in grid:
             v = sc[arm][lr]
-            rows.append([claim7b.LABELS[arm], f"{lr:g}", ", ".join(map(str, sorted(v))) or "—",
+            rows.append([ATTRIBUTION.labels[arm], f"{lr:g}", ", ".join(map(str, sorted(v))) or "—",
                          " / ".join(pct(v[s]) for s in sorted(v)) or "—",
                          pct(statistics.mean(v.values())) if v else "—",
                          ("**chosen**" + ("" if chosen[arm][1] else " (grid edge: not bracketed)"))
@@ -312,14 +313,14 @@ def tuning(cruns: list[dict], res: dict) -> str:
 
 
 def blocks_run(runs: list[dict]) -> str:
-    """Which declared blocks of ``claim7b.ORDER`` the data holds, whole or in part, and how the rule ended them."""
+    """Which declared blocks of ``ATTRIBUTION.order`` the data holds, whole or in part, and how the rule ended them."""
     have = {(r["arm"], r["seed"]) for r in runs}
     parts = []
-    for b, jobs in claim7b.ORDER.items():
+    for b, jobs in ATTRIBUTION.order.items():
         n = sum(j in have for j in jobs)
         parts.append(f"block {b}: {n} of {len(jobs)} runs" + (" (complete)" if n == len(jobs) else ""))
     return f"**Blocks run** (of the declared order; blocks 2, 3 and 6 are the stress experiment's): {'; '.join(parts)}. " \
-        + claim7b.ENDED
+        + ATTRIBUTION.ended
 
 
 def reproduction(runs: list[dict], res: dict, machine: bool = False) -> str:
@@ -327,19 +328,19 @@ def reproduction(runs: list[dict], res: dict, machine: bool = False) -> str:
     seed and rate: whether they reproduce the held-out pass@1 and every step's reward exactly (``machine``:
     the continuation's, on another machine; where the rewards differ, the first step that differs)."""
     first = read_jsonl_gz(os.path.join(DATA, "claim7.jsonl.gz"))
-    old = {("gtpo", r["seed"]): r for r in first if r["kind"] == "final" and r["arm"] == "gtpo" and r["lr"] == claim7b.LR}
+    old = {("gtpo", r["seed"]): r for r in first if r["kind"] == "final" and r["arm"] == "gtpo" and r["lr"] == ATTRIBUTION.lr}
     old.update({("grpo", r["seed"]): r for r in first if r["kind"] == "samelr" and r["arm"] == "grpo"
-                and r["lr"] == claim7b.LR})
+                and r["lr"] == ATTRIBUTION.lr})
     parts = []
     for r in runs:
-        if r["arm"] in claim7b.RERUN and r.get("sampled") and (r["arm"], r["seed"]) in old:
+        if r["arm"] in ATTRIBUTION.rerun and r.get("sampled") and (r["arm"], r["seed"]) in old:
             o = old[(r["arm"], r["seed"])]
             same_steps = [x.get("reward/mean") for x in r["steps"]] == [x.get("reward/mean") for x in o["steps"]]
             same = r["sampled"]["metrics"]["pass@1"] == o["metrics"]["pass@1"]
             res[("reproduced_machine" if machine else "reproduced", r["arm"], r["seed"])] = same and same_steps
             fork = next((x.get("step") for x, y in zip(r["steps"], o["steps"]) if x.get("reward/mean") != y.get("reward/mean")),
                         None)
-            parts.append(f"{claim7b.LABELS[r['arm']]} seed {r['seed']}: held-out pass@1 {pct(r['sampled']['metrics']['pass@1'])} "
+            parts.append(f"{ATTRIBUTION.labels[r['arm']]} seed {r['seed']}: held-out pass@1 {pct(r['sampled']['metrics']['pass@1'])} "
                          f"% against {pct(o['metrics']['pass@1'])} %, every step's mean reward "
                          + ("equal" if same_steps else f"not: the first to differ is step {fork}"))
     where = ("on this second machine against the first design's run" if machine else
@@ -348,7 +349,7 @@ def reproduction(runs: list[dict], res: dict, machine: bool = False) -> str:
 
 
 def verdict(res: dict) -> str:
-    """The attribution sentence, by claim7b's declared rule, with every number from the data; comparisons
+    """The attribution sentence, by the attribution's declared rule, with every number from the data; comparisons
     whose arms have not run yet are named as missing."""
     key = ("sampled", "pass@1")
     if not all(k in res for k in (("grpo_gamma", "grpo", *key), ("gtpo_gamma0", "grpo", *key))):
@@ -362,14 +363,14 @@ def verdict(res: dict) -> str:
                 f"MDD {100 * c['mdd']:.1f})")
 
     g, r = res[("grpo_gamma", "grpo", *key)], res[("gtpo_gamma0", "grpo", *key)]
-    rule = claim7b.attribution(g["wilcoxon"]["p"], g["mean"], r["wilcoxon"]["p"], r["mean"])
+    rule = ATTRIBUTION.attribution(g["wilcoxon"]["p"], g["mean"], r["wilcoxon"]["p"], r["mean"])
     tg = res[("gtpo", "grpo", *key)]
-    replic = ("is significant" if tg["wilcoxon"]["p"] < claim7b.ALPHA and tg["mean"] > 0 else
-              f"does not reach the threshold {claim7b.ALPHA:.4f} either")
+    replic = ("is significant" if tg["wilcoxon"]["p"] < ATTRIBUTION.alpha and tg["mean"] > 0 else
+              f"does not reach the threshold {ATTRIBUTION.alpha:.4f} either")
     m = res.get(("grpo_masks", "grpo", *key))
-    if m is not None and m["wilcoxon"]["p"] < claim7b.ALPHA and m["mean"] > 0:
+    if m is not None and m["wilcoxon"]["p"] < ATTRIBUTION.alpha and m["mean"] > 0:
         rule += " between the gamma shift and the rest of GTPO; the conflict masks alone give a gain over GRPO"
-    text = (f"**Verdict (the declared rule): {rule}.** On sampled held-out pass@1 at {claim7b.LR:g}, official GTPO "
+    text = (f"**Verdict (the declared rule): {rule}.** On sampled held-out pass@1 at {ATTRIBUTION.lr:g}, official GTPO "
             f"minus GRPO {d('gtpo', 'grpo')}: at this one rate the gain {replic}. GRPO + gamma minus GRPO "
             f"{d('grpo_gamma', 'grpo')}; GTPO with gamma 0 minus GRPO {d('gtpo_gamma0', 'grpo')}; GRPO + conflict masks "
             f"minus GRPO {d('grpo_masks', 'grpo')}. GTPO over GRPO + gamma {d('gtpo', 'grpo_gamma')}, over GRPO + masks "
@@ -390,14 +391,14 @@ def significant_sentence(res: dict) -> str:
     """Which of the 7 primary comparisons pass the threshold (sampled pass@1, in the gain's direction) and, for the
     masks-only arm (outside the declared rule's two arms), what it says."""
     key = ("sampled", "pass@1")
-    sig = [(a, b) for a, b in claim7b.PRIMARY if (a, b, *key) in res
-           and res[(a, b, *key)]["wilcoxon"]["p"] < claim7b.ALPHA and res[(a, b, *key)]["mean"] > 0]
+    sig = [(a, b) for a, b in ATTRIBUTION.primary if (a, b, *key) in res
+           and res[(a, b, *key)]["wilcoxon"]["p"] < ATTRIBUTION.alpha and res[(a, b, *key)]["mean"] > 0]
     if not sig:
-        return f"No primary comparison passes the threshold {claim7b.ALPHA:.4f}."
+        return f"No primary comparison passes the threshold {ATTRIBUTION.alpha:.4f}."
     text = ("Primary comparisons passing the threshold: "
-            + "; ".join(f"{claim7b.LABELS[a]} − {claim7b.LABELS[b]}" for a, b in sig) + ".")
+            + "; ".join(f"{ATTRIBUTION.labels[a]} − {ATTRIBUTION.labels[b]}" for a, b in sig) + ".")
     over = res.get(("gtpo", "grpo_masks", *key))
-    if ("grpo_masks", "grpo") in sig and over is not None and not (over["wilcoxon"]["p"] < claim7b.ALPHA and over["mean"] > 0):
+    if ("grpo_masks", "grpo") in sig and over is not None and not (over["wilcoxon"]["p"] < ATTRIBUTION.alpha and over["mean"] > 0):
         text += (" The conflict masks alone, in GRPO's reduction and without the gamma shift or the filter, give a gain "
                  "over GRPO at this rate, and official GTPO shows none over them: of GTPO's parts, the masks are the "
                  "one with a shown effect here (the declared rule, written for the gamma arm and the gamma-0 arm, "
@@ -406,21 +407,21 @@ def significant_sentence(res: dict) -> str:
 
 
 def tuned_sentence(res: dict) -> str:
-    """What the re-tuning (claim7c blocks 4 and 6) says of the one-rate comparison, from the data."""
+    """What the re-tuning (the continuation's blocks 4 and 6) says of the one-rate comparison, from the data."""
     tuned = res.get("tuned") or {}
-    lr = f"{claim7b.LR:g}"
+    lr = f"{ATTRIBUTION.lr:g}"
     if not tuned:
         return (f"Every arm ran at one rate ({lr}); the tuning that would bracket each arm's own optimum was not run, "
                 "so an arm whose optimum lies elsewhere is compared off it.")
     parts = []
     for arm, (best, bracketed) in tuned.items():
         where = "bracketed" if bracketed else "at its grid's edge, not bracketed"
-        parts.append(f"{claim7b.LABELS[arm]} {best:g} ({where})")
+        parts.append(f"{ATTRIBUTION.labels[arm]} {best:g} ({where})")
     text = "Re-tuned rates (the declared rule, validation split): " + "; ".join(parts) + "."
-    off = [claim7b.LABELS[a] for a, (best, _) in tuned.items() if best != claim7b.LR]
+    off = [ATTRIBUTION.labels[a] for a, (best, _) in tuned.items() if best != ATTRIBUTION.lr]
     text += (f" Compared off their own optimum at {lr}: {', '.join(off)}." if off else
              f" {lr} is the chosen rate of every re-tuned arm.")
-    missing = [claim7b.LABELS[a] for a in (*claim7c.RETUNE_ARMS, *claim7c.COMPONENTS) if a not in tuned]
+    missing = [ATTRIBUTION.labels[a] for a in (*CONTINUED.retune_arms, *CONTINUED.components) if a not in tuned]
     if missing:
         text += f" Not re-tuned (grid not finished): {', '.join(missing)}."
     c = res.get("tuned_cmp")

@@ -26,8 +26,8 @@ positive completion of the same group cut after a random number of tokens and en
 rescored: wrong completions are then a shared prefix plus EOS, shorter than the positives, so
 GRPO's 1/|o| weighting pushes the shared prefix down by Σ_i A_i/|o_i| < 0).
 
-    python -m experiments.protocol.onestep tiny --state start|CHECKPOINT --groups 250 --variant natural
-    python -m experiments.protocol.onestep smol --max-tries 100 [--seed 1]   # seeds >0: more groups, own file
+    python -m experiments.protocol.claim1 tiny --state start|CHECKPOINT --groups 250 --variant natural
+    python -m experiments.protocol.claim1 smol --max-tries 100 [--seed 1]   # seeds >0: more groups, own file
 
 A checkpoint state is named by its ``--label`` (``grpo150`` for the checkpoint run's step 150). The
 checkpoint run's directory is not committed; a rerun of it (``prepare``) in another session need not

@@ -1,7 +1,7 @@
 """docs/results.md's section on claim 2 under the released optimiser, with its verdicts generated from the data:
-the design on replicate b's model, its first run (:mod:`experiments.protocol.stress_opt`: the pilot, seeds 0-5)
-pooled with its continuation (:mod:`experiments.protocol.stress_opt_c`, branch A: seeds 6-11); or, where
-stress_opt_c ran on another model (its branch B), that file's own section, its own verdict as the claim's, and
+the design on replicate b's model, its first run (:data:`experiments.protocol.claim2.RELEASED`: the pilot, seeds
+0-5) pooled with its continuation (:data:`experiments.protocol.claim2.RELEASED_CONTINUED`, branch A: seeds 6-11); or,
+where the continuation ran on another model (its branch B), that file's own section, its own verdict as the claim's, and
 the test pooled by model."""
 
 from __future__ import annotations
@@ -10,25 +10,27 @@ import math
 import os
 import statistics
 
-from . import claim7b, stats, stress_opt, stress_opt_c
-from .common import DATA, read_jsonl_gz
-from .declare import check_runs, describe
-from .stress import same_start
-from .report import (critical_lr, critical_lr_ci, critical_ratio_ci, fmt_p, load_stress, pct, stress_outcomes, table)
+from .. import stats
+from ..claim2 import RELEASED, RELEASED_CONTINUED, same_start
+from ..claim7 import ATTRIBUTION
+from ..common import DATA, read_jsonl_gz
+from ..declare import check_runs, describe
+from .claim2 import critical_lr, critical_lr_ci, critical_ratio_ci, load_stress, stress_outcomes
+from .tables import fmt_p, pct, table
 
 LABELS = {"grpo": "GRPO, released optimiser", "gtpo_official": "GTPO (official), released optimiser"}
 REF, ARM = "grpo", "gtpo_official"
 
 
-#: the two data files of the design: the experiment module, the model's description, how its runs ended
+#: the two data files of the design: the design, the model's description, how its runs ended
 FILES = {
-    "b": (stress_opt, "replicate b's recipe rebuilt in that session", lambda: claim7b.ENDED),
-    "c": (stress_opt_c, "replicate b's recipe built on this AMD machine", lambda: stress_opt_c.ENDED),
+    "b": (RELEASED, "replicate b's recipe rebuilt in that session", lambda: ATTRIBUTION.ended),
+    "c": (RELEASED_CONTINUED, "replicate b's recipe built on this AMD machine", lambda: RELEASED_CONTINUED.ended),
 }
 
 
 def load(which: str = "b") -> tuple[dict | None, list[dict]]:
-    data = FILES[which][0].DATA_FILE
+    data = FILES[which][0].data
     if not os.path.isfile(data):
         return None, []
     recs = read_jsonl_gz(data)
@@ -58,7 +60,7 @@ def _grid_table(outc: list[dict], lrs: list[float]) -> list[list[str]]:
 
 
 def continuation(first: dict | None) -> tuple[dict | None, list[dict]]:
-    """stress_opt_c's runs when they continue stress_opt on its model (its branch A: its start record equals
+    """The continuation's runs when they continue the first run on its model (its branch A: its start record equals
     ``first``, the first file's), else no runs."""
     start, runs = load("c")
     return (start, runs) if runs and same_start(start, first) else (None, [])
@@ -88,18 +90,18 @@ def section(which: str = "b") -> tuple[str, dict]:
     """The tables of one data file (``which``: "b" or "c", see :data:`FILES`) and its own verdict. The first
     file's section pools the continuation's seeds (:func:`continuation`); the second file then has no section
     of its own."""
-    mod, model_text, ended = FILES[which]
+    design, model_text, ended = FILES[which]
     start, runs = load(which)
     _, c_runs = continuation(start if which == "b" else load("b")[0])
     if not runs or (which == "c" and c_runs):
         return "", {}
-    res: dict = {"check": check_runs(runs, os.path.relpath(mod.DATA_FILE, DATA)), "which": which}
+    res: dict = {"check": check_runs(runs, os.path.relpath(design.data, DATA)), "which": which}
     out = [f"**Declared before it ran:** {describe(res['check'])}.\n"]
     repro = []
     if which == "b" and c_runs:
-        res["check_c"] = check_runs(c_runs, os.path.relpath(stress_opt_c.DATA_FILE, DATA))
-        repro = [r for r in c_runs if r["seed"] == stress_opt_c.REPRO_SEED]
-        cont = [r for r in c_runs if r["seed"] in stress_opt_c.CONTINUATION_SEEDS]
+        res["check_c"] = check_runs(c_runs, os.path.relpath(RELEASED_CONTINUED.data, DATA))
+        repro = [r for r in c_runs if r["seed"] == RELEASED_CONTINUED.repro_seed]
+        cont = [r for r in c_runs if r["seed"] in RELEASED_CONTINUED.continuation_seeds]
         out.append(f"**The continuation** (`stress_opt_c`, branch A, on a model built on another machine whose start "
                    f"record equals this file's) **declared before it ran:** {describe(res['check_c'])}.\n")
         res["reproduction"] = _reproduction(runs, repro)
@@ -125,16 +127,16 @@ def section(which: str = "b") -> tuple[str, dict]:
     res["pilot"], res["main"] = pilot, main
     if pilot:
         plrs = sorted({o["lr"] for o in pilot})
-        out.append("*Pilot (seeds " + ", ".join(map(str, stress_opt.PILOT_SEEDS)) + "): runs collapsed per rate (median "
+        out.append("*Pilot (seeds " + ", ".join(map(str, RELEASED.pilot_seeds)) + "): runs collapsed per rate (median "
                    "step of collapse).*\n")
         out.append(table(["arm"] + [f"lr x{f:g}" for f in plrs], _grid_table(pilot, plrs)) + "\n")
         by_f: dict = {}
         for o in pilot:
             by_f.setdefault(o["lr"], []).append(o["collapsed"])
-        full = len(stress_opt.ARMS) * len(stress_opt.PILOT_SEEDS)
-        if all(len(v) == full for v in by_f.values()) and stress_opt.pilot_factors(by_f) == sorted(by_f):
+        full = len(RELEASED.arms) * len(RELEASED.pilot_seeds)
+        if all(len(v) == full for v in by_f.values()) and RELEASED.pilot_factors(by_f) == sorted(by_f):
             try:
-                res["main_grid"] = stress_opt.main_grid(by_f)
+                res["main_grid"] = RELEASED.main_grid(by_f)
                 out.append("Main grid by the declared rule (`stress_opt.main_grid`): "
                            + ", ".join(f"x{f:g}" for f in res["main_grid"]) + ".\n")
             except ValueError as err:
@@ -143,9 +145,9 @@ def section(which: str = "b") -> tuple[str, dict]:
         lrs = sorted({o["lr"] for o in main})
         seeds_run = sorted({o["seed"] for o in main})
         out.append(f"**Seeds run:** the main grid ran seeds {seeds_run[0]}-{seeds_run[-1]} of the declared "
-                   f"{stress_opt.MAIN_SEEDS[0]}-{stress_opt.MAIN_SEEDS[-1]}. "
-                   + (f"Seeds 0-5 ran in the first session: {ended()} Seeds {stress_opt_c.CONTINUATION_SEEDS[0]}-"
-                      f"{stress_opt_c.CONTINUATION_SEEDS[-1]} are the continuation's: {stress_opt_c.ENDED}"
+                   f"{RELEASED.main_seeds[0]}-{RELEASED.main_seeds[-1]}. "
+                   + (f"Seeds 0-5 ran in the first session: {ended()} Seeds {RELEASED_CONTINUED.continuation_seeds[0]}-"
+                      f"{RELEASED_CONTINUED.continuation_seeds[-1]} are the continuation's: {RELEASED_CONTINUED.ended}"
                       if res.get("check_c") else ended()) + "\n")
         if res.get("reproduction"):
             out.append(f"**Reproduction check** (the continuation's reruns, descriptive, not pooled): "
@@ -247,7 +249,7 @@ def verdict(res: dict) -> str:
 
 
 def pooled(res_b: dict, res_c: dict) -> dict | None:
-    """The declared secondary test of :mod:`experiments.protocol.stress_opt_c`: the log-rank test over both
+    """The declared secondary test of the continuation's design: the log-rank test over both
     data files' main grids, stratified by (model, rate), so each run is compared only within its own model
     and rate. None unless both files have main-grid runs."""
     if not (res_b.get("main") and res_c.get("main")):

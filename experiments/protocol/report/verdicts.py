@@ -3,7 +3,7 @@ guard that keeps the remaining hand-written prose tied to the data it was writte
 
 Every verdict label and every number a verdict quotes is computed here from the results the report's
 sections return, so a change of the data changes the sentence. The longer readings that stay hand-written
-(``report.VERDICTS``) name the data files they read in :data:`HAND_WRITTEN`; :func:`check_hand_written`
+(``prose.VERDICTS``) name the data files they read in :data:`HAND_WRITTEN`; :func:`check_hand_written`
 refuses to render them when one of those files no longer has the digest they were written against
 (:data:`DIGESTS`), so they cannot silently go stale: reread, update the prose, then the digest.
 """
@@ -18,10 +18,11 @@ import os
 import re
 import statistics
 
-from .common import DATA
-from .report import critical_ratio_ci, fmt_p
+from ..common import DATA
+from .claim2 import critical_ratio_ci
+from .tables import fmt_p
 
-#: hand-written paragraphs of report.VERDICTS -> the data files (globs under experiments/data) they read
+#: hand-written paragraphs of prose.VERDICTS -> the data files (globs under experiments/data) they read
 HAND_WRITTEN = {
     "claim1_design": ("onestep/*.jsonl.gz",), "claim1": ("onestep/*.jsonl.gz",),
     "claim2": ("stress.jsonl.gz", "stress-b.jsonl.gz"), "claim2_b": ("stress-b.jsonl.gz",),
@@ -69,8 +70,8 @@ def check_hand_written(expected: dict[str, str] | None = None) -> None:
         keys = sorted({k for k, globs in HAND_WRITTEN.items() for f in changed
                        if any(fnmatch.fnmatch(f, g) for g in globs)})
         raise SystemExit(f"report: the data of the hand-written verdicts {', '.join(keys)} changed ({', '.join(changed)}): "
-                         "reread them, update report.VERDICTS, then verdicts.DIGESTS (python -m experiments.protocol."
-                         "verdicts prints the digests)")
+                         "reread them, update report/prose.py's VERDICTS, then verdicts.DIGESTS (python -m "
+                         "experiments.protocol.report.verdicts prints the digests)")
 
 
 # ------------------------------------------------------------------ claim 1
