@@ -16,7 +16,8 @@ at its length, over the time of each part, as a fraction of the matmul peak of i
 measured before each step). No goal: the bf16 decision (issue 33) reads these ratios.
 
 Usage: ``python bench/default_dtype.py [--steps 8] [--warmup 1] [--threads 2] [--seed 0]
-[--max-completion-length 40]``.
+[--max-completion-length 40] [--prompts 4] [--group 8]`` (the last three: the default run's unless given;
+the test suite's quick run shrinks them).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ import common  # noqa: E402
 DTYPES = ("float32", "bfloat16")
 
 
-def default_trainer(dtype: str, output_dir: str, seed: int, max_completion_length: int | None = None):
+def default_trainer(dtype: str, output_dir: str, seed: int, max_completion_length: int | None = None,
+                    prompts: int | None = None, group: int | None = None):
     """``GTPOTrainer`` of ``gtpo train --demo --dtype DTYPE --seed SEED`` (no evaluation, checkpoints or
     sample logs), built with the app layer's own pieces."""
     import torch
@@ -45,6 +47,8 @@ def default_trainer(dtype: str, output_dir: str, seed: int, max_completion_lengt
 
     overrides = dict(dtype=dtype, seed=seed, output_dir=output_dir, overwrite_output_dir=True, save_steps=0,
                      **({} if max_completion_length is None else {"max_completion_length": max_completion_length}),
+                     **({} if prompts is None else {"prompts_per_step": prompts}),
+                     **({} if group is None else {"group_size": group}),
                      log_completions_steps=0, eval_before_after=False, max_steps=10**6)
     spec, source, options = resolve_train_spec(None, overrides, demo=True)
     inputs = load_run_inputs(spec, source=source, options=options)
@@ -63,7 +67,8 @@ def worker(spec: dict) -> dict:
 
     common.set_threads(spec["threads"])
     tmp = common.scratch_dir()
-    trainers = {d: default_trainer(d, os.path.join(tmp, d), spec["seed"], spec.get("max_completion_length"))
+    trainers = {d: default_trainer(d, os.path.join(tmp, d), spec["seed"], spec.get("max_completion_length"),
+                                   spec.get("prompts"), spec.get("group"))
                 for d in DTYPES}
     keys = ("step", "generation", "update", "tokens", "flops_rollout", "flops_update", "peak")
     out = {d: {k: [] for k in keys} for d in DTYPES}
@@ -95,6 +100,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-completion-length", type=int,
                         help="sampled tokens per completion (default: the default run's, 40)")
+    parser.add_argument("--prompts", type=int, help="prompts per step (default: the default run's, 4)")
+    parser.add_argument("--group", type=int, help="completions per prompt (default: the default run's, 8)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -102,7 +109,8 @@ def main(argv=None) -> int:
         return 0
     print(common.machine())
     res = common.run_worker(__file__, dict(steps=args.steps, warmup=args.warmup, threads=args.threads,
-                                           seed=args.seed, max_completion_length=args.max_completion_length),
+                                           seed=args.seed, max_completion_length=args.max_completion_length,
+                                           prompts=args.prompts, group=args.group),
                             timeout=8 * 3600, progress=True)
     w = args.warmup
     m = {d: {k: v[w:] for k, v in res[d].items()} for d in DTYPES}

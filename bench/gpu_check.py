@@ -3,7 +3,7 @@
 Nothing is downloaded there: the models are random-weight Qwen2.5-3B and Llama-3.1-8B, their
 architectures built in code (:data:`ARCHS`). Run it through ``scripts/gpu-check.sh`` (which prepares
 the wheels the GPU machine lacks and prints the one command that runs it); ``--cpu --quick`` runs the
-same code on tiny models of the same architectures (tests/test_gpu_contract.py, in CI).
+same code on tiny models of the same architectures (tests/test_dtype_device.py, in CI).
 
 (a) **correctness at real shapes**
 

@@ -1,6 +1,6 @@
 """Fast tests of the tiny task the protocol's models are built on (``pretrain.py``) and of the diagnostic
-rewards (``rewards.py``); no training. ``scripts/test.sh`` names this file (the project's ``testpaths`` is
-``tests/``). The first suite's tests moved with it to ``legacy/test_suite.py``."""
+rewards (``rewards.py``); no training. Collected by a plain ``pytest`` (the project's ``testpaths``: ``tests/`` and
+``experiments/``). The first suite's tests moved with it to ``legacy/test_suite.py``."""
 
 from __future__ import annotations
 

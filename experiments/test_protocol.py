@@ -82,6 +82,20 @@ def test_wilcoxon_tied_ranks_are_exact():
     assert stats.wilcoxon_signed_rank([0.1, -0.2, 0.3, 0.4, 0.5])["p"] == pytest.approx(6 / 32)
 
 
+def test_wilcoxon_tied_ranks_p_is_scipys_permutation_test_bit_for_bit():
+    """The vectorised sign-flip enumeration gives the very float scipy.stats.wilcoxon does with
+    PermutationMethod(n_resamples=inf) (which ranks every flip again, one at a time: slow)."""
+    from scipy.stats import PermutationMethod, wilcoxon
+
+    rng = __import__("random").Random(5)
+    for n in (6, 9, 12):
+        for _ in range(3):
+            d = [rng.choice([-3, -1, 1, 1, 2, 2, 4, 5]) / 4000 for _ in range(n)]
+            r = stats.wilcoxon_signed_rank(d)
+            assert r["method"] == "exact-ties"
+            assert r["p"] == min(1.0, float(wilcoxon(d, method=PermutationMethod(n_resamples=float("inf"))).pvalue))
+
+
 def test_mann_whitney_exact():
     r = stats.mann_whitney([1, 2, 3], [4, 5, 6])
     assert r["u"] == 0.0 and r["p"] == pytest.approx(2 / 20)

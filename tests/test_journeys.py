@@ -177,7 +177,7 @@ def test_every_file_under_configs_has_a_journey():
     """Each config is run here (the paper recipes) or by the test that names it."""
     covered = {
         "configs/accelerate/cpu_ddp_2proc.yaml": "tests/test_ddp.py",
-        "configs/accelerate/deepspeed_zero3.yaml": "tests/test_gpu_contract.py",
+        "configs/accelerate/deepspeed_zero3.yaml": "tests/test_dtype_device.py",
         "configs/verl/qwen2.5-3b-gsm8k-gtpo.yaml": "tests/verl/test_verl_configs.py",
         "configs/verl/qwen2.5-3b-gsm8k-grpo.yaml": "tests/verl/test_verl_configs.py",
     }

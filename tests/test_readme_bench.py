@@ -21,7 +21,8 @@ QUICK = {
                           "--memory-steps", "0"],
     "gtpo_overhead.py": ["--steps", "1", "--warmup", "0", "--replays", "1", "--prompts", "1", "--group", "2",
                          "--length", "4"],
-    "default_dtype.py": ["--steps", "1", "--warmup", "0", "--max-completion-length", "4"],
+    "default_dtype.py": ["--steps", "1", "--warmup", "0", "--max-completion-length", "4", "--prompts", "1", "--group",
+                         "2"],
 }
 #: what each prints at the end of a complete run
 SUMMARY = {"trainer_vs_trl.py": r"step time ours/TRL, GTPO mode", "gtpo_overhead.py": r"GTPO overhead",

@@ -9,8 +9,7 @@ import torch
 
 from gtpo import GTPOConfig, GTPOTrainer
 from gtpo.errors import RewardFunctionError
-
-PROMPTS = [f"What is {a} + {b}?" for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 1), (2, 2), (4, 5), (6, 3)]]
+from helpers import PROMPTS
 
 
 def digit_reward(completions, **kwargs):
@@ -163,7 +162,7 @@ def test_resume_is_exact(tiny_model_path, tmp_path):
     t2.train()
     assert os.path.isdir(os.path.join(part.output_dir, "checkpoint-3"))
     # a fresh trainer object continues the finished 3-step run from its checkpoint, into a new output_dir (a finished
-    # run is not resumed over its final model: tests/test_run_directory.py)
+    # run is not resumed over its final model: tests/test_checkpoint.py)
     more = part.replace(output_dir=str(tmp_path / "c"))
     t3 = GTPOTrainer(tiny_model_path, [digit_reward, length_reward], dataset(), args=more)
     t3.train(resume_from_checkpoint=os.path.join(part.output_dir, "checkpoint-3"))

@@ -7,27 +7,18 @@ import os
 import pytest
 import torch
 
-from gtpo import GTPOConfig, GTPOTrainer
+from gtpo import GTPOTrainer
 from gtpo.advantages import entropy_control, group_advantages, sign_mask, varying_groups
 from gtpo.conflict import conflict_weights
-
-PROMPTS = [f"What is {a} + {b}?" for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 1), (2, 2), (4, 5), (6, 3)]]
+from helpers import PROMPTS, digit_reward, tiny_config
 
 
 def rows(n=8):
     return [{"prompt": p, "answer": str(i), "kind": i % 2} for i, p in enumerate(PROMPTS[:n])]
 
 
-def digit_reward(completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
-
-
 def config(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path / "run"), group_size=4, prompts_per_step=2, max_steps=3,
-                max_completion_length=6, learning_rate=1e-2, save_steps=0, log_completions_steps=0,
-                disable_tqdm=True, seed=0, lr_scheduler_type="constant", entropy_threshold=100.0)
-    base.update(kw)
-    return GTPOConfig(**base)
+    return tiny_config(tmp_path, **{"max_steps": 3, "entropy_threshold": 100.0, **kw})
 
 
 def trainer_for(tiny_model_path, tmp_path, reward=digit_reward, **kw):

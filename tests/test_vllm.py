@@ -26,12 +26,11 @@ from gtpo.rollout import Rollout, SamplingParams, generate
 from gtpo.scoring import ScoredBatch
 
 import gtpo.vllm_engine as ve
+import helpers
+from helpers import digit_length_reward as digit_reward
+from helpers import tiny_config
 
-PROMPTS = [f"What is {a} + {b}?" for a, b in [(1, 2), (3, 4), (5, 6), (7, 8)]]
-
-
-def digit_reward(completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) + 0.01 * len(c) for c in completions]
+PROMPTS = helpers.PROMPTS[:4]
 
 
 def rows():
@@ -39,11 +38,7 @@ def rows():
 
 
 def config(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path / "run"), group_size=4, prompts_per_step=2, max_steps=2,
-                max_completion_length=6, learning_rate=1e-2, save_steps=0, disable_tqdm=True, seed=0,
-                lr_scheduler_type="constant", entropy_filter=False, log_completions_steps=0)
-    base.update(kw)
-    return GTPOConfig(**base)
+    return tiny_config(tmp_path, **{"entropy_filter": False, **kw})
 
 
 # ----------------------------------------------------------------------------------------- config

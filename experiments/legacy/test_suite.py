@@ -1,5 +1,5 @@
 """Fast tests of the first reproduction suite's logic (``suite.py``, superseded; no training, no model):
-``pytest experiments/legacy/test_suite.py -q`` (``scripts/test.sh`` names this file)."""
+``pytest experiments/legacy/test_suite.py -q`` (a plain ``pytest`` collects it too)."""
 
 from __future__ import annotations
 

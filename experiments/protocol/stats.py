@@ -107,9 +107,18 @@ def wilcoxon_signed_rank(diffs: Sequence[float], *, exact_max: int = 20) -> dict
     if n <= exact_max and not _has_ties(absd):
         p, method = float(_st.wilcoxon(x, method="exact").pvalue), "exact"
     elif n <= exact_max:
-        # exact conditional distribution: every one of the 2^n sign flips of these tied ranks
-        perm = _st.PermutationMethod(n_resamples=np.inf, batch=4096)
-        p, method = float(_st.wilcoxon(x, method=perm).pvalue), "exact-ties"
+        # exact conditional distribution: every one of the 2^n sign flips of these tied ranks. This is
+        # scipy.stats.wilcoxon(x, method=PermutationMethod(n_resamples=inf)): the same permutation test of the
+        # same W+, with W+ of a whole batch of flips at once (the ranks of |x| do not change under a flip, so
+        # W+ is a masked sum of the fixed ranks; scipy's wilcoxon ranks each flip again, one at a time)
+        r = np.asarray(ranks)
+
+        def w_plus_of(flipped, axis):
+            return np.sum(np.where(flipped > 0, r, 0.0), axis=axis)
+
+        res = _st.permutation_test((x,), w_plus_of, permutation_type="samples", vectorized=True,
+                                   n_resamples=np.inf, alternative="two-sided", batch=4096)
+        p, method = float(res.pvalue), "exact-ties"
     else:
         p, method = float(_st.wilcoxon(x, method="asymptotic", correction=True).pvalue), "normal"
     return {"n": n, "w_plus": w_plus, "z": z, "p": min(1.0, p), "method": method, "median": med,

@@ -1,4 +1,4 @@
-"""Crash, signal and disk-failure scenarios for tests/test_reliability.py, run by one process.
+"""Crash, signal and disk-failure scenarios for tests/test_faults.py, run by one driver process.
 
 Usage: python fault_driver.py MODEL_DIR WORK_DIR SCENARIOS RESULT_JSON
     SCENARIOS: "all" or comma-separated names of :data:`SCENARIOS`.
@@ -463,26 +463,58 @@ def run_scenario(name: str, work: str, config: str) -> dict:
     return s.result()
 
 
-SCENARIOS = (["reference"] + [f"kill:{k}" for k in KILL_POINTS] + ["chain", "sigterm", "sigint", "sigterm_twice",
-                                                                   "sigint_twice", "write_failure", "control_no_rng"])
+# the longest first (chain: four attempts), so that the lanes end close together
+SCENARIOS = (["chain", "reference"] + [f"kill:{k}" for k in KILL_POINTS] + ["sigterm", "sigint", "sigterm_twice",
+                                                                            "sigint_twice", "write_failure",
+                                                                            "control_no_rng"])
+LANES = 4  # at most, and no more than the cores this process may use
+
+
+def run_lane(work: str, config: str, names: list[str], lane_path: str) -> None:
+    """One lane (a process forked from the driver): claims the next unclaimed scenario of ``names`` (an exclusive
+    file under ``work/claims``), runs it, and writes what its scenarios gave to ``lane_path`` after each."""
+    done: dict = {}
+    claims = os.path.join(work, "claims")
+    for name in names:
+        try:
+            os.close(os.open(os.path.join(claims, re.sub(r"[^A-Za-z0-9_.-]", "_", name)), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            continue  # another lane runs it
+        t0 = time.monotonic()
+        try:
+            done[name] = run_scenario(name, work, config)
+        except Exception as err:  # noqa: BLE001 -- recorded; the test fails on it with the message
+            done[name] = {"error": f"{type(err).__name__}: {err}"}
+        done[name]["seconds"] = round(time.monotonic() - t0, 1)
+        with open(lane_path, "w") as fh:
+            json.dump(done, fh, indent=1)
 
 
 def main() -> None:
+    """The scenarios are independent (a directory each; torch on one thread in every attempt): they run in up to
+    ``LANES`` processes at once, no more than the cores this process may use, each lane taking the next scenario
+    when it is done. Every scenario's attempts still run one after the other."""
     model_dir, work, which, result_path = sys.argv[1:5]
-    os.makedirs(work, exist_ok=True)
+    os.makedirs(os.path.join(work, "claims"), exist_ok=True)
     config = write_inputs(model_dir, work)
     names = SCENARIOS if which == "all" else which.split(",")
     results = {"max_steps": MAX_STEPS, "kill_points": KILL_POINTS, "chain": CHAIN, "chain_resumes": CHAIN_RESUMES,
                "scenarios": {}}
-    for name in names:
-        t0 = time.monotonic()
-        try:
-            results["scenarios"][name] = run_scenario(name, work, config)
-        except Exception as err:  # noqa: BLE001 -- recorded; the test fails on it with the message
-            results["scenarios"][name] = {"error": f"{type(err).__name__}: {err}"}
-        results["scenarios"][name]["seconds"] = round(time.monotonic() - t0, 1)
-        with open(result_path, "w") as fh:
-            json.dump(results, fh, indent=1)
+    n = max(1, min(LANES, len(os.sched_getaffinity(0)), len(names)))
+    lanes = [(mp.get_context("fork").Process(target=run_lane, args=(work, config, names, path)), path)
+             for path in (os.path.join(work, f"lane{i}.json") for i in range(n))]
+    for proc, _path in lanes:
+        proc.start()
+    for proc, path in lanes:
+        proc.join()
+        if os.path.isfile(path):
+            with open(path) as fh:
+                results["scenarios"].update(json.load(fh))
+    for name in names:  # a lane that died (its exit code) leaves its scenario without a result
+        results["scenarios"].setdefault(name, {"error": "its lane exited with "
+                                                        f"{[proc.exitcode for proc, _ in lanes]}"})
+    with open(result_path, "w") as fh:
+        json.dump(results, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,21 +1,23 @@
-"""The run directory's traps (issue 30, item 5): an attempt that completed no step is not a run; a finished run is
-never resumed over its final model; the checkpoint state file does not take Hugging Face's trainer_state.json name."""
+"""Checkpoints and the run directory: an attempt that completed no step is not a run; a finished run is never
+resumed over its final model; the checkpoint state file does not take Hugging Face's trainer_state.json name;
+checkpoint files load with ``torch.load(weights_only=True)`` and a pickled object in one is refused."""
 
 import hashlib
 import json
 import os
 
 import pytest
+import torch
 
-from gtpo import GTPOConfig, GTPOTrainer
+from gtpo import GTPOTrainer
 from gtpo.checkpoint import LEGACY_STATE_FILE, STATE_FILE, completed_a_step, list_checkpoints
 from gtpo.errors import RewardFunctionError
+from helpers import digit_reward, rows, tiny_config
 
 ROWS = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(8)]
 
 
-def digits(completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+digits = digit_reward
 
 
 def broken(completions, **kwargs):
@@ -23,11 +25,7 @@ def broken(completions, **kwargs):
 
 
 def config(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path / "run"), group_size=4, prompts_per_step=2, max_steps=2,
-                max_completion_length=6, learning_rate=1e-2, save_steps=1, log_completions_steps=0,
-                disable_tqdm=True, seed=0, lr_scheduler_type="constant", entropy_filter=False)
-    base.update(kw)
-    return GTPOConfig(**base)
+    return tiny_config(tmp_path, **{"save_steps": 1, "entropy_filter": False, **kw})
 
 
 def digest(path):
@@ -45,7 +43,7 @@ def test_an_attempt_that_completed_no_step_is_rerun_without_overwrite(tiny_model
     trainer.train()
     assert trainer.global_step == 2
     with open(os.path.join(cfg.output_dir, "run_config.json")) as fh:
-        assert json.load(fh)["reward_funcs"] == ["digits"]
+        assert json.load(fh)["reward_funcs"] == ["digit_reward"]
 
 
 def test_a_run_that_completed_a_step_is_still_refused(tiny_model_path, tmp_path):
@@ -130,3 +128,26 @@ def test_resuming_a_finished_run_on_trls_engine_is_refused_too(tiny_model_path, 
     err = capsys.readouterr().err
     assert "holds a finished run" in err and f"--resume_from_checkpoint {tmp_path / 'out' / 'checkpoint-1'}" in err
     assert digest(final) == before
+
+
+class Payload:
+    """A pickled object that is not data (unpickling it would import and construct this class)."""
+
+
+def test_checkpoint_files_load_with_weights_only_and_a_pickled_object_is_refused(tiny_model_path, tmp_path):
+    cfg = config(tmp_path, max_steps=2, save_steps=1, entropy_filter=False)
+    GTPOTrainer(tiny_model_path, digit_reward, rows(), args=cfg).train()
+    ckpt = os.path.join(cfg.output_dir, "checkpoint-2")
+    # what gtpo writes loads with weights_only=True (optimizer, scheduler, RNG incl. numpy's state)
+    for name in ("optimizer.pt", "scheduler.pt"):
+        assert torch.load(os.path.join(ckpt, name), weights_only=True)
+    from gtpo.checkpoint import load_torch_file
+
+    state = load_torch_file(os.path.join(ckpt, "rng_state_0.pth"))  # numpy arrays allowed, nothing else
+    assert set(state) >= {"python", "numpy", "torch"}
+    # a checkpoint whose optimizer file holds a pickled object is refused, naming the file
+    torch.save({"state": {}, "param_groups": [], "extra": Payload()}, os.path.join(ckpt, "optimizer.pt"))
+    trainer = GTPOTrainer(tiny_model_path, digit_reward, rows(),  # the run is finished: continued in a new directory
+                          args=cfg.replace(max_steps=3, output_dir=str(tmp_path / "more")))
+    with pytest.raises(ValueError, match=r"optimizer\.pt holds pickled Python objects .*Payload.*weights_only=True"):
+        trainer.train(resume_from_checkpoint=ckpt)

@@ -1,15 +1,13 @@
-"""Issue 13 (audit findings): one test per finding, each failing on the code before the fix.
+"""GTPO's method inside gtpo's trainer, where a run could silently not train or train on the wrong signal:
 
-1. a run whose entropy filter drops everything says so (warning, counts, summary, CLI);
+1. a run whose entropy filter drops everything says so (warning, counts, summary, CLI), and zero-variance
+   GRPO steps are counted;
 2. sampling temperature and log-prob temperature are separate fields;
 3. <H>_ini averages over completions that have tokens;
-4. decisions: entropies frozen at the rollout policy over num_iterations; truncated completions
-   masked out of the loss are no conflict partners; paper GRPO configs use beta 0; the dapo preset
-   shapes overlong rewards;
-6. checkpoints load with torch.load(weights_only=True);
-7. CLI traps (no silent demo inheritance, YAML 1.1 floats, errors naming the option, --a-b and
-   --a_b in every subcommand, documented sft keys).
-(5, tolerances across code paths, is a review of the existing tests: tests/test_ops.py.)
+4. entropies frozen at the rollout policy over num_iterations; truncated completions masked out of the loss
+   are no conflict partners; the dapo preset shapes overlong rewards.
+(Checkpoints that load with ``weights_only=True``: tests/test_checkpoint.py; the command line's traps:
+tests/test_cli_options.py.)
 """
 
 import math
@@ -19,49 +17,8 @@ import pytest
 import torch
 
 from gtpo import GTPOConfig, GTPOTrainer
-
-PROMPTS = [f"What is {a} + {b}?" for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 1), (2, 2), (4, 5), (6, 3)]]
-
-
-def digit_reward(completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
-
-
-def rows(n=8):
-    return [{"prompt": p, "answer": str(i)} for i, p in enumerate(PROMPTS[:n])]
-
-
-def config(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path / "run"), group_size=4, prompts_per_step=2, max_steps=2,
-                max_completion_length=6, learning_rate=1e-2, save_steps=0, log_completions_steps=0,
-                disable_tqdm=True, seed=0, lr_scheduler_type="constant")
-    base.update(kw)
-    return GTPOConfig(**base)
-
-
-# ----------------------------------------------------------------------------- 6. weights_only
-class Payload:
-    """A pickled object that is not data (unpickling it would import and construct this class)."""
-
-
-def test_checkpoint_files_load_with_weights_only_and_a_pickled_object_is_refused(tiny_model_path, tmp_path):
-    cfg = config(tmp_path, max_steps=2, save_steps=1, entropy_filter=False)
-    GTPOTrainer(tiny_model_path, digit_reward, rows(), args=cfg).train()
-    ckpt = os.path.join(cfg.output_dir, "checkpoint-2")
-    # what gtpo writes loads with weights_only=True (optimizer, scheduler, RNG incl. numpy's state)
-    for name in ("optimizer.pt", "scheduler.pt"):
-        assert torch.load(os.path.join(ckpt, name), weights_only=True)
-    from gtpo.checkpoint import load_torch_file
-
-    state = load_torch_file(os.path.join(ckpt, "rng_state_0.pth"))  # numpy arrays allowed, nothing else
-    assert set(state) >= {"python", "numpy", "torch"}
-    # a checkpoint whose optimizer file holds a pickled object is refused, naming the file
-    torch.save({"state": {}, "param_groups": [], "extra": Payload()}, os.path.join(ckpt, "optimizer.pt"))
-    trainer = GTPOTrainer(tiny_model_path, digit_reward, rows(),  # the run is finished: continued in a new directory
-                          args=cfg.replace(max_steps=3, output_dir=str(tmp_path / "more")))
-    with pytest.raises(ValueError, match=r"optimizer\.pt holds pickled Python objects .*Payload.*weights_only=True"):
-        trainer.train(resume_from_checkpoint=ckpt)
-
+from helpers import PROMPTS, digit_reward, rows
+from helpers import tiny_config as config
 
 # ----------------------------------------------------------------------------- 2. two temperatures
 def _entropy_of_batch(model, rollout, temperature):
@@ -291,80 +248,3 @@ def test_dapo_preset_shapes_overlong_rewards_scaled_to_the_budget(tiny_model_pat
     batch = trainer.last_batch
     want = torch.where(batch.rollout.lengths >= 5, -1.0, 0.0)
     torch.testing.assert_close(batch.rewards, want)
-
-
-# ----------------------------------------------------------------------------- 7. CLI traps
-def test_options_without_a_config_file_start_from_gtpoconfig_defaults(capsys):
-    import yaml
-
-    from gtpo.cli import main
-
-    assert main(["train", "--model", "Qwen/Qwen2.5-3B-Instruct", "--dataset", "gsm8k", "--print_config"]) == 0
-    printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed == {"model": "Qwen/Qwen2.5-3B-Instruct", "dataset": "gsm8k"}  # nothing of the demo
-    # a run that misses what it needs is a clear error, before anything is loaded
-    assert main(["train", "--model", "Qwen/Qwen2.5-3B-Instruct", "--dataset", "gsm8k"]) == 2
-    err = capsys.readouterr().err
-    assert "a run needs reward_funcs" in err and "--reward_funcs" in err and "--demo" in err
-    assert main(["train", "--learning_rate", "1e-4"]) == 2
-    err = capsys.readouterr().err
-    assert "model (set `model:`" in err and "dataset (set `dataset:`" in err
-    # --demo starts from the default run, with overrides
-    assert main(["train", "--demo", "--seed", "1", "--print_config"]) == 0
-    printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["model"] == "smollm2-135m-instruct" and printed["seed"] == 1
-
-
-def test_yaml_1_1_floats_are_accepted(tmp_path):
-    from gtpo.app import load_yaml, split_spec
-
-    path = tmp_path / "c.yaml"
-    path.write_text("learning_rate: 1e-5\nadam_epsilon: 1E-8\nentropy_threshold: 2e0\nreward_weights: [1e0, 5e-1]\n"
-                    "logprob_temperature: 1e0\n")
-    raw = load_yaml(str(path))
-    assert raw["learning_rate"] == "1e-5"  # what PyYAML (YAML 1.1) makes of it
-    _run, cfg = split_spec(raw, source=str(path))
-    assert (cfg.learning_rate, cfg.adam_epsilon, cfg.entropy_threshold) == (1e-5, 1e-8, 2.0)
-    assert cfg.reward_weights == [1.0, 0.5] and cfg.logprob_temperature == 1.0
-    with pytest.raises(ValueError, match="learning_rate must be a number, got 'fast'"):
-        split_spec({"learning_rate": "fast"}, source="x.yaml")
-
-
-def test_errors_name_the_command_line_option(capsys, tmp_path):
-    from gtpo.cli import main
-
-    assert main(["train", "--loss_type", "gpro"]) == 2
-    err = capsys.readouterr().err
-    assert "--loss_type: GTPOConfig.loss_type must be one of" in err and "default config" not in err
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text("loss_type: gpro\n")
-    assert main(["train", str(cfg)]) == 2
-    assert f"{cfg}: GTPOConfig.loss_type must be one of" in capsys.readouterr().err
-    assert main(["train", str(cfg), "--loss_type", "grpo", "--group_size", "x"]) == 2
-    assert "--group_size: group_size must be an integer" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("spelling", ["--max_new_tokens", "--max-new-tokens"])
-def test_every_subcommand_accepts_both_spellings(spelling, capsys, tmp_path):
-    from gtpo.cli import main
-
-    # gtpo eval: parsed (then refused for the missing model, not for the option)
-    assert main(["eval", spelling, "10", "--dataset", "gsm8k"]) == 2
-    err = capsys.readouterr().err
-    assert "--model and --dataset are required" in err and "usage" not in err
-    # gtpo train / sft read --a-b as --a_b
-    assert main(["train", "--demo", "--max-completion-length", "12", "--print-config"]) == 0
-    assert "max_completion_length: 12" in capsys.readouterr().out
-    assert main(["sft", "--model", "m", "--dataset", "d", "--max-steps", "0"]) == 2
-    assert "max_steps" in capsys.readouterr().err
-
-
-def test_sft_help_documents_every_key(capsys):
-    from gtpo.cli import main
-    from gtpo.sft import SFTArgs
-
-    assert main(["sft", "--help"]) == 0
-    out = capsys.readouterr().out
-    for name, doc in SFTArgs.field_help().items():
-        assert f"--{name}" in out, name
-    assert "Optimiser steps" in out and "Peak AdamW learning rate" in out and "LoRA settings" in out

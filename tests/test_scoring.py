@@ -1,10 +1,13 @@
-"""Rewards as TRL takes them (issue 30, item 4): ``async def`` reward functions (awaited concurrently, as TRL
-gathers them), sequence-classification reward models (an object, a local directory, a hub id), TRL's reward names
-and dotted import paths; all on tiny models."""
+"""Reward functions as the trainer calls them (``gtpo.scoring``, TRL's contract): the values TRL accepts (numpy,
+tensors, bools, None), errors that name the function, the prompt and the line that raised, values out of range or
+of the wrong shape, ``async def`` functions (awaited concurrently, as TRL gathers them), sequence-classification
+reward models (an object, a local directory, a hub id), TRL's reward names and dotted import paths; all on tiny
+models. (The reward functions themselves: tests/test_rewards.py.)"""
 
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -12,21 +15,18 @@ import textwrap
 import pytest
 import torch
 
-from gtpo import GTPOConfig, GTPOTrainer
+from gtpo import GTPOTrainer
 from gtpo.errors import RewardFunctionError
 from gtpo.rewards import resolve_reward
 from gtpo.scoring import SequenceClassificationReward, is_async_reward
+from helpers import PROMPTS, rows, tiny_config
 
 ROWS = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(8)]
 
 
 def config(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path / "run"), group_size=4, prompts_per_step=2, max_steps=2,
-                max_completion_length=6, learning_rate=1e-2, save_steps=0, log_completions_steps=1,
-                num_completions_to_print=8, disable_tqdm=True, seed=0, lr_scheduler_type="constant",
-                entropy_filter=False)
-    base.update(kw)
-    return GTPOConfig(**base)
+    return tiny_config(tmp_path, **{"log_completions_steps": 1, "num_completions_to_print": 8, "entropy_filter": False,
+                                    **kw})
 
 
 def metrics(cfg):
@@ -87,7 +87,7 @@ def test_an_async_reward_that_raises_is_named_with_its_line(tiny_model_path, tmp
 
     trainer = GTPOTrainer(tiny_model_path, [digits, broken_async], ROWS, args=config(tmp_path, max_steps=1))
     with pytest.raises(RewardFunctionError, match=r"reward function 'broken_async' raised ZeroDivisionError: "
-                                                  r"float division by zero at test_reward_contract.py:\d+ in "
+                                                  r"float division by zero at test_scoring.py:\d+ in "
                                                   r"broken_async .*fails on prompt index 0"):
         trainer.train()
 
@@ -203,3 +203,81 @@ def test_trl_reward_names_and_dotted_paths(tmp_path, monkeypatch):
     assert resolve_reward("my_rewards:shout")(completions=["a"]) == [1.0]
     with pytest.raises(ValueError, match=r"reward 'my_rewards.whisper': 'my_rewards' has no attribute 'whisper'"):
         resolve_reward("my_rewards.whisper")
+
+
+# ----------------------------------------------------------------------------- values and errors
+def quiet_config(tmp_path, **kw):
+    """No completion logs: what the values and errors below need."""
+    return tiny_config(tmp_path, **{"entropy_filter": False, **kw})
+
+
+def picky(prompts, completions, **kwargs):
+    out = []
+    for p, c in zip(prompts, completions):
+        if "5 + 6" in p:
+            raise ZeroDivisionError("no reward for this one")
+        out.append(float(len(c)))
+    return out
+
+
+def test_reward_that_raises_names_function_prompt_index_and_line(tiny_model_path, tmp_path):
+    trainer = GTPOTrainer(tiny_model_path, picky, rows(), args=quiet_config(tmp_path, prompts_per_step=8, max_steps=1))
+    with pytest.raises(RewardFunctionError) as info:
+        trainer.train()
+    message = str(info.value)
+    assert message.startswith("reward function 'picky' raised ZeroDivisionError: no reward for this one at "
+                              "test_scoring.py:")
+    assert " in picky (step 1, dataset rows [" in message
+    step_rows = json.loads(re.search(r"dataset rows (\[[\d, ]+\])", message).group(1))
+    row = PROMPTS.index("What is 5 + 6?")
+    assert sorted(step_rows) == list(range(8))  # prompts_per_step=8: every row, in the sampler's order
+    assert f"it fails on prompt index {step_rows.index(row)} (dataset row {row}: 'What is 5 + 6?')" in message
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+def test_reward_without_kwargs_gets_a_hint(tiny_model_path, tmp_path):
+    def positional_only(completions):
+        return [1.0] * len(completions)
+
+    trainer = GTPOTrainer(tiny_model_path, positional_only, rows(), args=quiet_config(tmp_path, max_steps=1))
+    with pytest.raises(RewardFunctionError, match=r"'positional_only' raised TypeError: .*give the function a "
+                                                  r"\*\*kwargs parameter"):
+        trainer.train()
+
+
+def test_reward_outputs_accepted_as_in_trl(tiny_model_path, tmp_path):
+    """numpy arrays and scalars, tensors, bools (as 0/1) and None are accepted, like TRL does."""
+    import numpy as np
+
+    def as_numpy(completions, **kw):
+        return np.array([1.0 if i % 2 else 0.0 for i in range(len(completions))], dtype=np.float32)
+
+    def as_scalars(completions, **kw):
+        return [np.float32(0.5), np.int64(1), torch.tensor(0.25), True, False, None, np.float64(2.0), 3][:len(completions)]
+
+    def as_tensor(completions, **kw):
+        return torch.full((len(completions),), 0.5)
+
+    cfg = quiet_config(tmp_path, max_steps=1, prompts_per_step=2, group_size=4)
+    GTPOTrainer(tiny_model_path, [as_numpy, as_scalars, as_tensor], rows(), args=cfg).train()
+    m = metrics(cfg)[0]
+    assert m["rewards/as_numpy/mean"] == 0.5
+    assert m["rewards/as_scalars/mean"] == pytest.approx((0.5 + 1 + 0.25 + 1 + 0 + 2 + 3) / 7, abs=1e-6)
+    assert m["rewards/as_tensor/mean"] == 0.5
+
+
+@pytest.mark.parametrize("outputs, pattern", [
+    (lambda n: [1e39] * n, r"'r' returned 1e\+39 for completion 0 .* beyond the float32 range"),
+    (lambda n: torch.zeros(n, 1), r"'r' returned a Tensor of shape \(8, 1\) at step 1"),
+    (lambda n: [[0.5]] * n, r"'r' returned \[0.5\] \(list\) for completion 0 \(prompt index 0, dataset row \d+, step 1\)"),
+    (lambda n: [3e38, 3e38] * (n // 2), None),  # fine alone; the weighted sum overflows with weights [1, 1]
+])
+def test_reward_values_out_of_range_or_shape(tiny_model_path, tmp_path, outputs, pattern):
+    def r(completions, **kw):
+        return outputs(len(completions))
+
+    funcs = [r] if pattern else [r, r]
+    trainer = GTPOTrainer(tiny_model_path, funcs, rows(), args=quiet_config(tmp_path, max_steps=1))
+    with pytest.raises(RewardFunctionError, match=pattern or r"the weighted sum of the rewards of completion 0 .* "
+                                                             r"overflows float32"):
+        trainer.train()

@@ -12,23 +12,16 @@ import torch
 
 from gtpo import GTPOConfig, GTPOTrainer
 from gtpo import setup as gsetup
+from helpers import PROMPTS, tiny_config
+from helpers import digit_length_reward as digit_reward
 
-PROMPTS = [f"What is {a} + {b}?" for a, b in [(1, 2), (3, 4), (5, 6), (7, 8)]]
-ROWS = [{"prompt": p} for p in PROMPTS]
+ROWS = [{"prompt": p} for p in PROMPTS[:4]]
 QUANT = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": "bfloat16",
          "bnb_4bit_use_double_quant": True}
 
 
-def digit_reward(completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) + 0.01 * len(c) for c in completions]
-
-
 def config(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path / "run"), group_size=4, prompts_per_step=2, max_steps=1,
-                max_completion_length=6, learning_rate=1e-2, save_steps=0, log_completions_steps=0,
-                disable_tqdm=True, seed=0, lr_scheduler_type="constant", entropy_threshold=100.0)
-    base.update(kw)
-    return GTPOConfig(**base)
+    return tiny_config(tmp_path, **{"max_steps": 1, "entropy_threshold": 100.0, **kw})
 
 
 def lora(r=4):

@@ -9,26 +9,19 @@ import pytest
 import torch
 
 from gtpo import GTPOConfig, GTPOTrainer
+from helpers import PROMPTS, tiny_config
+from helpers import digit_length_reward as digit_reward
 
-PROMPTS = [f"What is {a} + {b}?" for a, b in [(1, 2), (3, 4), (5, 6), (7, 8)]]
-ROWS = [{"prompt": p} for p in PROMPTS]
-
-
-def digit_reward(completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) + 0.01 * len(c) for c in completions]
+ROWS = [{"prompt": p} for p in PROMPTS[:4]]
 
 
 def config(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path / "run"), group_size=4, prompts_per_step=2, max_steps=2,
-                max_completion_length=6, learning_rate=1e-2, save_steps=0, log_completions_steps=0,
-                disable_tqdm=True, seed=0, lr_scheduler_type="constant", entropy_threshold=100.0)
-    base.update(kw)
-    return GTPOConfig(**base)
+    return tiny_config(tmp_path, **{"entropy_threshold": 100.0, **kw})
 
 
 def test_bf16_weights_end_to_end(tiny_model_path, tmp_path):
     """A bf16 run (model_init_kwargs.dtype bfloat16) trains, keeps float32 master weights (docs/gpu.md; the
-    dtypes of every part are checked in tests/test_gpu_contract.py) and saves the model it trained."""
+    dtypes of every part are checked in tests/test_dtype_device.py) and saves the model it trained."""
     from safetensors import safe_open
 
     trainer = GTPOTrainer(tiny_model_path, digit_reward, ROWS, args=config(tmp_path, model_init_kwargs={"dtype": "bfloat16"}))
