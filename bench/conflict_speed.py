@@ -2,7 +2,7 @@
 
 Measures, in one run on the same inputs (P = 8 prompts, G = 16 completions, T = 1024 tokens):
 
-1. speed: the vectorised ``gtpo.conflict.conflict_weights`` against ``tests/reference_impl.py``'s
+1. speed: the vectorised ``gtpo.maths.conflict.conflict_weights`` against ``tests/reference_impl.py``'s
    ``ref_conflict`` (Python loops, the literal transcription of gtpo-method.md §4: conflicting
    tokens per position, then the runs), alternating A/B, several repeats, median time of each;
    goal: at least 50x faster. Also shown, for information: ``ref_conflict_walk``, a smarter loop
@@ -37,7 +37,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from reference_impl import bincount_conflict_runs, ref_conflict, ref_conflict_walk  # noqa: E402
 
-from gtpo.conflict import conflict_weights  # noqa: E402
+from gtpo.maths.conflict import conflict_weights  # noqa: E402
 
 P, G, T = 8, 16, 1024
 SPEED_GOAL = 50.0

@@ -1,14 +1,14 @@
 """Benchmark: gtpo's decoding loop against transformers ``generate`` (and against the loop of an
 earlier commit), one rollout each, alternating; sampled tokens/s and the rollout's roofline.
 
-``gtpo.rollout.generate`` samples with its decoding loop (``decode_loop=True``, the trainer's
+``gtpo.sampling.rollout.generate`` samples with its decoding loop (``decode_loop=True``, the trainer's
 default ``GTPOConfig.decode_loop``) or with transformers ``model.generate``
 (``decode_loop=False``); both start from the same shared-prompt prefill and apply the same
 logits processors, so the difference is (a) ``generate``'s per-token bookkeeping, (b) rows
 that reached EOS: ``generate`` keeps decoding them (as padding) until the longest completion ends,
 the loop drops them from its batch, and (c) the loop's cache and attention
-(``gtpo.decode.GrowingLayer``, ``gtpo.decode.decode_attention``). ``--ref REF`` adds a third side:
-``gtpo.rollout.generate`` with the decoding loop of ``src/gtpo/decode.py`` at git commit ``REF``
+(``gtpo.sampling.decode.GrowingLayer``, ``gtpo.sampling.decode.decode_attention``). ``--ref REF`` adds a third side:
+``gtpo.sampling.rollout.generate`` with the decoding loop of ``src/gtpo/sampling/decode.py`` at git commit ``REF``
 (e.g. the commit before a change to the loop: before/after in one process). Two settings, in one
 fresh process each:
 
@@ -24,7 +24,7 @@ fresh process each:
   ``runs/default``): trained policies end earlier; ``--lora-rank R`` adds a random one (the default
   run's r = 16, alpha 2r, all linear layers, B ~ N(0, 0.02) as after some training). With an adapter
   a fourth side, ``loop-unmerged``, samples through the LoRA layers (``merge_lora=False``) where
-  ``loop`` samples with them merged (``gtpo.lora_merge``, the trainer's default).
+  ``loop`` samples with them merged (``gtpo.sampling.lora_merge``, the trainer's default).
 
 Per setting and side: the rollout time (median over ``--rounds`` after one warm-up round; sides in
 alternating order), sampled tokens/s (tokens up to each row's EOS / time), the median of the
@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import types
@@ -85,28 +84,37 @@ def _smollm2(spec: dict):
 
 
 def decode_at(ref: str):
-    """``decode`` of ``src/gtpo/decode.py`` at git commit ``ref`` (its relative imports made
-    absolute, so it runs on the current package's helpers)."""
-    source = subprocess.check_output(["git", "-C", common.REPO, "show", f"{ref}:src/gtpo/decode.py"], text=True)
-    source = re.sub(r"^from \.(\w+) import", r"from gtpo.\1 import", source, flags=re.M)
+    """``decode`` of gtpo's decoding loop at git commit ``ref`` (``src/gtpo/sampling/decode.py``, or
+    ``src/gtpo/decode.py`` before the package was grouped by role), its relative imports resolved against the
+    current package, so it runs on the current package's helpers."""
+    for path, package in (("src/gtpo/sampling/decode.py", "gtpo.sampling"), ("src/gtpo/decode.py", "gtpo")):
+        try:
+            source = subprocess.check_output(["git", "-C", common.REPO, "show", f"{ref}:{path}"], text=True,
+                                             stderr=subprocess.DEVNULL)
+            break
+        except subprocess.CalledProcessError:
+            continue
+    else:
+        raise SystemExit(f"--ref {ref}: no src/gtpo/sampling/decode.py or src/gtpo/decode.py at that commit")
     module = types.ModuleType(f"gtpo_decode_at_{ref}")
-    exec(compile(source, f"{ref}:src/gtpo/decode.py", "exec"), module.__dict__)
+    module.__package__ = package  # an old commit's ``from .models import`` reaches gtpo.run.models (an alias)
+    exec(compile(source, f"{ref}:{path}", "exec"), module.__dict__)
     return module.decode
 
 
 def worker(spec: dict) -> dict:
     import torch
 
-    import gtpo.rollout
-    from gtpo.models import unwrap_peft
-    from gtpo.rollout import generate
+    import gtpo.sampling.rollout
+    from gtpo.run.models import unwrap_peft
+    from gtpo.sampling.rollout import generate
 
     common.set_threads(spec["threads"])
     model, tokenizer, prompts = (_tiny if spec["setting"] == "tiny" else _smollm2)(spec)
     model.eval()
     lora_rank = int(model.peft_config["default"].r) if hasattr(model, "peft_config") else 0
     config = unwrap_peft(model).config
-    current = gtpo.rollout.decode
+    current = gtpo.sampling.rollout.decode
     decoders = {"loop": current, "generate": None}
     if lora_rank:
         decoders["loop-unmerged"] = current
@@ -119,7 +127,7 @@ def worker(spec: dict) -> dict:
     for r in range(spec["rounds"] + 1):
         peak = common.matmul_peak(dtype)
         for side in (sides if r % 2 == 0 else sides[::-1]):
-            gtpo.rollout.decode = decoders[side] or current
+            gtpo.sampling.rollout.decode = decoders[side] or current
             torch.manual_seed(r)
             try:
                 with common.Timer(out["times"][side], out["cpu"][side]):
@@ -127,7 +135,7 @@ def worker(spec: dict) -> dict:
                                        temperature=spec["temperature"], top_k=0, decode_loop=decoders[side] is not None,
                                        merge_lora=side != "loop-unmerged")
             finally:
-                gtpo.rollout.decode = current
+                gtpo.sampling.rollout.decode = current
             out["tokens"][side].append(int(rollout.lengths.sum()))
             out["lengths"][side].append(float(rollout.lengths.float().mean()))
             out["steps"][side].append(int(rollout.completion_ids.shape[1]))
@@ -148,7 +156,7 @@ def main(argv=None) -> int:
     parser.add_argument("--adapter", help="a LoRA adapter directory for the smollm2 setting (gtpo train output)")
     parser.add_argument("--lora-rank", type=int, default=0,
                         help="smollm2: add a random LoRA adapter of this rank (and the loop-unmerged side)")
-    parser.add_argument("--ref", help="a git commit: also time the decoding loop of src/gtpo/decode.py at it")
+    parser.add_argument("--ref", help="a git commit: also time the decoding loop of src/gtpo/sampling/decode.py at it")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

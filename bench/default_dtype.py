@@ -42,8 +42,8 @@ def default_trainer(dtype: str, output_dir: str, seed: int, max_completion_lengt
     from gtpo import GTPOTrainer
     from gtpo.app import build_peft_config, resolve_train_spec
     from gtpo.app.training import load_run_inputs
-    from gtpo.models import load_model_and_tokenizer
-    from gtpo.setup import policy_load_kwargs, run_precision
+    from gtpo.run.models import load_model_and_tokenizer
+    from gtpo.run.build import policy_load_kwargs, run_precision
 
     overrides = dict(dtype=dtype, seed=seed, output_dir=output_dir, overwrite_output_dir=True, save_steps=0,
                      **({} if max_completion_length is None else {"max_completion_length": max_completion_length}),
@@ -62,8 +62,8 @@ def default_trainer(dtype: str, output_dir: str, seed: int, max_completion_lengt
 
 
 def worker(spec: dict) -> dict:
-    from gtpo.metric_names import canonical_record
-    from gtpo.models import unwrap_peft
+    from gtpo.run.metric_names import canonical_record
+    from gtpo.run.models import unwrap_peft
 
     common.set_threads(spec["threads"])
     tmp = common.scratch_dir()

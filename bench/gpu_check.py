@@ -7,12 +7,12 @@ same code on tiny models of the same architectures (tests/test_dtype_device.py, 
 
 (a) **correctness at real shapes**
 
-* ``head``: the chunked log-prob/entropy head (:func:`gtpo.ops.token_logprobs_and_entropy`) against a
+* ``head``: the chunked log-prob/entropy head (:func:`gtpo.maths.ops.token_logprobs_and_entropy`) against a
   plain ``log_softmax`` of the full logits, bf16, Llama-3.1-8B's head (V = 128,256, D = 4,096): the
   largest log-prob, entropy and gradient differences, time and peak memory of each, at the CPU's and
   the accelerator's chunk sizes;
 * ``shared_prefix``: the update's forward with each group's prompt run once
-  (:func:`gtpo.policy.completion_hidden_states`) against the plain forward, left-padded prompts of
+  (:func:`gtpo.sampling.policy.completion_hidden_states`) against the plain forward, left-padded prompts of
   different lengths, SDPA, Qwen2.5-3B, float32 and bf16 log-probs;
 * ``decode``: gtpo's decoding loop against transformers ``generate``, greedy, float32 (TF32 off), the
   share of rows whose tokens are identical, and both speeds;
@@ -164,7 +164,7 @@ def timed(ctx: Ctx, fn):
 
 # ----------------------------------------------------------------------------- (a) correctness
 def check_head(ctx: Ctx) -> dict:
-    from gtpo.ops import default_chunk_rows, token_logprobs_and_entropy
+    from gtpo.maths.ops import default_chunk_rows, token_logprobs_and_entropy
 
     V, D = (ctx.arch("llama3.1-8b")["vocab_size"], ctx.arch("llama3.1-8b")["hidden_size"])
     rows = 64 if ctx.quick else 4096  # 8 completions x 512 tokens
@@ -205,7 +205,7 @@ def check_head(ctx: Ctx) -> dict:
 
 def _batch(ctx: Ctx, model, n_prompts: int, completion: int, seed: int = 0):
     """Left-padded prompts of different lengths (G rows each) followed by random completions."""
-    from gtpo.padding import left_pad
+    from gtpo.sampling.padding import left_pad
 
     g = torch.Generator().manual_seed(seed)
     V = model.config.vocab_size
@@ -218,8 +218,8 @@ def _batch(ctx: Ctx, model, n_prompts: int, completion: int, seed: int = 0):
 
 
 def check_shared_prefix(ctx: Ctx) -> dict:
-    from gtpo.policy import completion_hidden_states
-    from gtpo.ops import token_logprobs_and_entropy
+    from gtpo.sampling.policy import completion_hidden_states
+    from gtpo.maths.ops import token_logprobs_and_entropy
 
     out, ok = {}, True
     for dtype in (torch.float32, torch.bfloat16):
@@ -247,7 +247,7 @@ def check_shared_prefix(ctx: Ctx) -> dict:
 
 
 def check_decode(ctx: Ctx) -> dict:
-    from gtpo.rollout import generate
+    from gtpo.sampling.rollout import generate
 
     if ctx.cuda:
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -401,9 +401,9 @@ def trl_vs_ours(ctx: Ctx) -> dict:
         return {"skipped": f"{type(err).__name__}: {err}", "ok": True}
 
     from gtpo import GTPOConfig, GTPOTrainer
-    from gtpo.advantages import group_advantages
-    from gtpo.padding import completion_mask_from_ids, left_pad
-    from gtpo.rollout import Rollout
+    from gtpo.maths.advantages import group_advantages
+    from gtpo.sampling.padding import completion_mask_from_ids, left_pad
+    from gtpo.sampling.rollout import Rollout
 
     if ctx.cuda:
         torch.backends.cuda.matmul.allow_tf32 = False

@@ -9,9 +9,9 @@ Measured in ONE process holding a ``loss_type="gtpo"`` and a ``loss_type="grpo"`
 (same model, batch and settings as ``bench/trainer_vs_trl.py``), whose steps alternate in ABBA
 order, ``--warmup`` + ``--steps`` steps each:
 
-* GTPO-only work: the conflict inputs (:func:`gtpo.method.group_inputs`: weights, counts and runs),
+* GTPO-only work: the conflict inputs (:func:`gtpo.maths.method.group_inputs`: weights, counts and runs),
   the conflict fraction, the entropy filter and gamma shift of the advantages
-  (:func:`gtpo.method.effective_advantages`), and the GTPO loss minus the GRPO loss (the trainers'
+  (:func:`gtpo.maths.method.effective_advantages`), and the GTPO loss minus the GRPO loss (the trainers'
   ``loss_fn``, forward + backward). After the steps, these calls are replayed on the last GTPO step's
   batch (``trainer.last_batch``) ``--replays`` times in alternation and the medians taken (short calls,
   robust to the bursts of load that hit whole steps); nothing is patched. Plus the entropy: it comes out of the same chunked
@@ -45,9 +45,9 @@ GOAL = 0.03
 def worker(spec: dict) -> dict:
     import torch
 
-    from gtpo import method
-    from gtpo.advantages import group_advantages
-    from gtpo.losses import LossExtras
+    from gtpo.maths import method
+    from gtpo.maths.advantages import group_advantages
+    from gtpo.maths.losses import LossExtras
 
     common.set_threads(spec["threads"])
     path = common.bench_model(spec)

@@ -21,7 +21,7 @@ the median CPU times are printed too):
     ratio = median over rounds of step / (generate + fwd+bwd+opt),  goal <= 1.15.
 
 A ratio below 1 is possible: the trainer shares each prompt's work between the G completions of
-its group (``gtpo.rollout``: one prefill per prompt; one prompt forward per group in the update)
+its group (``gtpo.sampling.rollout``: one prefill per prompt; one prompt forward per group in the update)
 where the plain parts process every row. The trainer's own split (its ``generation_time_s`` and
 ``update_time_s`` metrics) is printed next to the parts. The machine is shared and noisy: only
 ratios measured in the same run mean anything.
@@ -52,8 +52,8 @@ def worker(spec: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from gtpo.metric_names import canonical_record
-    from gtpo.padding import left_pad
+    from gtpo.run.metric_names import canonical_record
+    from gtpo.sampling.padding import left_pad
 
     common.set_threads(spec["threads"])
     path = common.bench_model(spec)

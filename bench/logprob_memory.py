@@ -6,7 +6,7 @@ backward (gradients for the hidden states and the LM-head weight) once:
 
 * ``naive``: ``logits = hidden @ W.T`` (8 x 512 x 49,152 floats = 805 MB), ``log_softmax``,
   ``gather``, entropy from the log-probs (no gradient), backward;
-* ``chunked``: ``gtpo.ops.token_logprobs_and_entropy`` (default chunk size), backward.
+* ``chunked``: ``gtpo.maths.ops.token_logprobs_and_entropy`` (default chunk size), backward.
 
 Every measurement runs in a FRESH subprocess so that memory numbers are honest: the peak RSS
 growth is ``ru_maxrss`` after the run minus the RSS just before it (inputs allocated, a tiny
@@ -48,7 +48,7 @@ def _max_rss_bytes() -> int:
 def worker(variant: str, threads: int | None) -> dict:
     import torch
 
-    from gtpo.ops import token_logprobs_and_entropy
+    from gtpo.maths.ops import token_logprobs_and_entropy
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
     from reference_impl import naive_token_logprobs_and_entropy

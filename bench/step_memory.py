@@ -8,9 +8,9 @@ embedding / LM head holds 6.3 M), P = 2 prompts x G = 8 completions x
 T = 64 tokens, fp32, in two variants:
 
 * ``chunked``: the trainer as it is: log-probs and entropies come from
-  ``gtpo.ops.token_logprobs_and_entropy`` (chunks of ~64 MiB of logits, recomputed in the
+  ``gtpo.maths.ops.token_logprobs_and_entropy`` (chunks of ~64 MiB of logits, recomputed in the
   backward pass; the ``(N, T, V)`` logits never exist);
-* ``full``: the same trainer with that one function swapped (in ``gtpo.policy``'s namespace)
+* ``full``: the same trainer with that one function swapped (in ``gtpo.sampling.policy``'s namespace)
   for the obvious full-logits path (``tests/reference_impl.naive_token_logprobs_and_entropy``:
   ``logits = hidden @ W.T`` for every completion token, ``log_softmax``, ``gather``, entropy from
   the log-probs), which is what a trainer without the chunked path does.
@@ -42,7 +42,7 @@ GOAL = 0.5
 
 
 def worker(spec: dict) -> dict:
-    import gtpo.policy as gp
+    import gtpo.sampling.policy as gp
 
     common.set_threads(spec["threads"])
     path = common.bench_model(spec)

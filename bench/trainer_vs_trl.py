@@ -7,7 +7,7 @@ the same cheap reward, ``P = 2`` prompts x ``G = 8`` completions per optimizer s
 sampled tokens each (temperature 1, top_p 1, top_k off, no vLLM), no KL (``beta = 0``, no
 reference model), one update per batch, fp32, no activation checkpointing, ``--threads 2``.
 Sampling: TRL with transformers ``generate``; ours with its default decoding loop
-(``gtpo.decode.decode``: the model's forward on its KV cache with transformers' logits
+(``gtpo.sampling.decode.decode``: the model's forward on its KV cache with transformers' logits
 processors; ``--generate``: transformers ``generate`` too). Every completion has exactly T
 tokens: the model's generation config sets ``min_new_tokens = max_new_tokens = T``, which both
 trainers inherit (they leave that field unset), so both process the same tokens per step; the
@@ -65,7 +65,7 @@ def interleaved_worker(spec: dict) -> dict:
 
     from transformers import TrainerCallback
 
-    from gtpo.metric_names import canonical_record
+    from gtpo.run.metric_names import canonical_record
 
     common.set_threads(spec["threads"])
     path = common.model_path(spec)

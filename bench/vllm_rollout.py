@@ -7,12 +7,12 @@ fresh process where the compared sides alternate (so the machine's load hits the
 * ``rollout`` (default): sampled tokens per second on SmolLM2-135M-Instruct (the offline GGUF,
   float32 policy), the same batch for every side: the default run's held-out prompts, P=4 x G=8
   completions of up to ``--max-new-tokens`` (128) tokens at temperature 0.7. Sides: vLLM in float32
-  and bfloat16 (:class:`gtpo.vllm_engine.VLLMEngine`, eager, in-process), gtpo's decoding loop and
-  transformers ``generate`` (``gtpo.rollout.generate(decode_loop=True/False)``). Tokens counted are
+  and bfloat16 (:class:`gtpo.sampling.vllm_engine.VLLMEngine`, eager, in-process), gtpo's decoding loop and
+  transformers ``generate`` (``gtpo.sampling.rollout.generate(decode_loop=True/False)``). Tokens counted are
   the sampled ones (through EOS); each side's rollout time is the median over ``--rounds`` after a
   warm-up round.
 * ``lora``: how a LoRA policy's weights reach vLLM, per training step: (a) the adapter merged into the
-  weights (:func:`gtpo.vllm_engine.dense_weights`) and loaded in place (``update_weights``), then one
+  weights (:func:`gtpo.sampling.vllm_engine.dense_weights`) and loaded in place (``update_weights``), then one
   rollout on the plain engine; (b) vLLM's LoRA serving: the adapter saved, a new ``LoRARequest`` (a fresh
   id: vLLM caches adapters by id), one rollout on an engine started with ``enable_lora``. The adapter
   (r=16, all linear layers, random B) changes before each round, as an optimizer step would.
@@ -61,9 +61,9 @@ def _kv_bytes() -> int:
 def rollout_worker(spec: dict) -> dict:
     import torch
 
-    from gtpo.models import load_model, load_tokenizer
-    from gtpo.rollout import encode_prompts, eos_token_ids, generate
-    from gtpo.vllm_engine import VLLMEngine
+    from gtpo.run.models import load_model, load_tokenizer
+    from gtpo.sampling.rollout import encode_prompts, eos_token_ids, generate
+    from gtpo.sampling.vllm_engine import VLLMEngine
 
     _set_threads(spec["threads"])
     model = load_model("smollm2-135m-instruct").eval()
@@ -111,9 +111,9 @@ def lora_worker(spec: dict) -> dict:
     from peft import LoraConfig, get_peft_model
     from vllm.lora.request import LoRARequest
 
-    from gtpo.models import load_model, load_tokenizer
-    from gtpo.rollout import encode_prompts, eos_token_ids
-    from gtpo.vllm_engine import VLLMEngine, rollout_from_outputs
+    from gtpo.run.models import load_model, load_tokenizer
+    from gtpo.sampling.rollout import encode_prompts, eos_token_ids
+    from gtpo.sampling.vllm_engine import VLLMEngine, rollout_from_outputs
 
     _set_threads(spec["threads"])
     tok = load_tokenizer("smollm2-135m-instruct")
@@ -180,8 +180,8 @@ def step_worker(spec: dict) -> dict:
 
     from gtpo import GTPOConfig, GTPOTrainer
     from gtpo.app import build_peft_config, default_config_text, load_dataset_spec
-    from gtpo.metric_names import canonical_name
-    from gtpo.models import load_model_and_tokenizer
+    from gtpo.run.metric_names import canonical_name
+    from gtpo.run.models import load_model_and_tokenizer
     from gtpo.rewards import resolve_reward
 
     _set_threads(spec["threads"])

@@ -172,7 +172,7 @@ def probe_texts(tokenizer, test: list[dict]) -> dict[str, list[str]]:
     (a prefix every completion of a group shares), the tags between reasoning and answer, and the
     closing tag + EOS (a suffix every completion shares)."""
     from gtpo.data import make_prompt
-    from gtpo.rollout import prompt_text
+    from gtpo.sampling.rollout import prompt_text
 
     out = {}
     for j, p in enumerate(test[:2]):
@@ -195,11 +195,11 @@ def measure_start(model_dir: str, train_path: str, test_path: str, *, seed: int,
 
     from gtpo.data import load_task
     from gtpo.evaluation import evaluate_during_training
-    from gtpo.models import load_model_and_tokenizer
-    from gtpo.ops import masked_mean
+    from gtpo.run.models import load_model_and_tokenizer
+    from gtpo.maths.ops import masked_mean
     from gtpo.rewards import format_reward, paper_reward
-    from gtpo.rollout import generate
-    from gtpo.policy import PolicyForward
+    from gtpo.sampling.rollout import generate
+    from gtpo.sampling.policy import PolicyForward
 
     sys.path.insert(0, HERE)
     from rewards import paper_accuracy
@@ -294,7 +294,7 @@ def build(seed: int = 0, *, force: bool = False, log=print) -> str:
         out_i = model_dir if i == len(PRETRAIN) - 1 else os.path.join(work, f"phase{i + 1}")
         run_sft(model, tok, data, output_dir=out_i, seed=seed, logging_steps=25, **opts)
         if out_i != model_dir:
-            from gtpo.models import load_model_and_tokenizer
+            from gtpo.run.models import load_model_and_tokenizer
 
             model, tok = load_model_and_tokenizer(out_i)
             shutil.rmtree(out_i)

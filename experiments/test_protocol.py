@@ -205,7 +205,7 @@ def test_smol_detailed_greedy_matches_cli(tmp_path):
     """The SmolLM2 runner's per-problem evaluation is the CLI's greedy accuracy, with verdicts."""
     from gtpo.app import greedy_accuracy as _greedy_accuracy
     from gtpo.config import GTPOConfig
-    from gtpo.models import load_model_and_tokenizer
+    from gtpo.run.models import load_model_and_tokenizer
     from gtpo.testing import build_tiny_model
 
     from experiments.protocol import smol

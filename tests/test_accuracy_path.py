@@ -51,7 +51,7 @@ class Recorder:
 
 def _before_on_a_fresh_base(model_path, args, tmp_path):
     """The before-training accuracy as measured before there was one path: on a separately loaded float32 base."""
-    from gtpo.models import load_model, load_tokenizer
+    from gtpo.run.models import load_model, load_tokenizer
 
     spec, source, options = resolve_train_spec(None, parse_overrides(args), demo=False)
     inputs = load_run_inputs(spec, source=source, options=options)
@@ -92,7 +92,7 @@ def test_gtpo_engine_measures_the_trainers_model_before_and_after(tiny_model_pat
 def test_gtpo_engine_precision_is_decided_once_and_measured_in(tiny_model_path, tmp_path):
     """dtype bfloat16 with LoRA: the app decides the precision, loads the base with it and hands it to the trainer;
     the accuracy runs in the run's compute dtype (the trainer's autocast) on that bfloat16 base."""
-    from gtpo.setup import run_precision
+    from gtpo.run.build import run_precision
 
     rec = Recorder()
     spec, source, options = resolve_train_spec(None, parse_overrides(_run_args(tiny_model_path, tmp_path,

@@ -1,4 +1,4 @@
-"""Tests of gtpo.advantages: group advantages and GTPO's entropy filter / shaping."""
+"""Tests of gtpo.maths.advantages: group advantages and GTPO's entropy filter / shaping."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gtpo.advantages import entropy_keep_mask, group_advantages, shape_advantages
+from gtpo.maths.advantages import entropy_keep_mask, group_advantages, shape_advantages
 from reference_impl import ref_group_advantages, ref_shape_advantages
 
 # two groups of G = 4: rewards (1, 0, 0, 1) and (2, 2, 2, 2)

@@ -87,12 +87,12 @@ def test_no_module_imports_the_cli():
 @pytest.mark.parametrize("engine", ["gtpo.trainer", "gtpo.integrations.trl"])
 def test_engines_call_the_method_module_and_hold_no_copy_of_its_composition(engine):
     targets, names = GRAPH[engine]
-    assert "gtpo.method" in targets
-    composed = {("gtpo.conflict", "conflict_weights"), ("gtpo.conflict", "conflict_runs"),
-                ("gtpo.advantages", "entropy_control"), ("gtpo.advantages", "shape_advantages"),
-                ("gtpo.advantages", "sign_mask"), ("gtpo.advantages", "varying_groups"),
-                ("gtpo.losses", "gtpo_loss")}
-    assert names & composed == set()  # the pieces reach the engines only through gtpo.method / POLICY_LOSSES
+    assert "gtpo.maths.method" in targets
+    composed = {("gtpo.maths.conflict", "conflict_weights"), ("gtpo.maths.conflict", "conflict_runs"),
+                ("gtpo.maths.advantages", "entropy_control"), ("gtpo.maths.advantages", "shape_advantages"),
+                ("gtpo.maths.advantages", "sign_mask"), ("gtpo.maths.advantages", "varying_groups"),
+                ("gtpo.maths.losses", "gtpo_loss")}
+    assert names & composed == set()  # the pieces reach the engines only through gtpo.maths.method / POLICY_LOSSES
 
 
 def test_the_cli_calls_the_application_layer():
@@ -102,8 +102,27 @@ def test_the_cli_calls_the_application_layer():
 
 
 def test_every_policy_loss_has_the_one_signature():
-    from gtpo.losses import POLICY_LOSSES
+    from gtpo.maths.losses import POLICY_LOSSES
 
     for loss_type, fn in POLICY_LOSSES.items():
         params = list(inspect.signature(fn).parameters)
         assert params == ["logp", "old_logp", "advantages", "completion_mask", "extras", "config"], loss_type
+
+
+#: the package's groups (a subpackage or a top-level module), each importing only groups of a lower rank
+LAYERS = {"errors": 0, "_aliases": 0, "config": 1, "maths": 2, "run": 3, "sampling": 4, "rewards": 5, "data": 6,
+          "evaluation": 7, "trainer": 8, "sft": 8, "report": 8, "testing": 8, "integrations": 9, "app": 10, "cli": 11}
+
+
+def _group(module: str) -> str:
+    return module.split(".")[1] if "." in module else "gtpo"
+
+
+def test_the_groups_import_one_way():
+    """The layout is the architecture (docs/architecture.md): maths < run < sampling < rewards < data < evaluation
+    < the engines < app < cli, lazy imports included; a new top-level module or group gets a rank here."""
+    groups = {_group(m) for m in GRAPH} - {"gtpo"}
+    assert groups <= set(LAYERS), f"give these groups a rank in LAYERS: {sorted(groups - set(LAYERS))}"
+    upward = sorted((m, t) for m, (targets, _) in GRAPH.items() for t in targets
+                    if _group(m) != "gtpo" and _group(t) != _group(m) and LAYERS[_group(t)] >= LAYERS[_group(m)])
+    assert upward == []

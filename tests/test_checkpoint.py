@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from gtpo import GTPOTrainer
-from gtpo.checkpoint import LEGACY_STATE_FILE, STATE_FILE, completed_a_step, list_checkpoints
 from gtpo.errors import RewardFunctionError
+from gtpo.run.checkpoint import LEGACY_STATE_FILE, STATE_FILE, completed_a_step, list_checkpoints
 from helpers import digit_reward, rows, tiny_config
 
 ROWS = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(8)]
@@ -141,7 +141,7 @@ def test_checkpoint_files_load_with_weights_only_and_a_pickled_object_is_refused
     # what gtpo writes loads with weights_only=True (optimizer, scheduler, RNG incl. numpy's state)
     for name in ("optimizer.pt", "scheduler.pt"):
         assert torch.load(os.path.join(ckpt, name), weights_only=True)
-    from gtpo.checkpoint import load_torch_file
+    from gtpo.run.checkpoint import load_torch_file
 
     state = load_torch_file(os.path.join(ckpt, "rng_state_0.pth"))  # numpy arrays allowed, nothing else
     assert set(state) >= {"python", "numpy", "torch"}

@@ -1,4 +1,4 @@
-"""Tests of gtpo.conflict: prefix / suffix conflict runs, weights lambda, conflict counts."""
+"""Tests of gtpo.maths.conflict: prefix / suffix conflict runs, weights lambda, conflict counts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gtpo.conflict import conflict_runs, conflict_weights
+from gtpo.maths.conflict import conflict_runs, conflict_weights
 from reference_impl import bincount_conflict_runs, ref_conflict, ref_conflict_walk
 
 # One group, G = 4, T = 5. Token 0 is a real token of row 3 (its EOS, say) and the pad of the
@@ -197,9 +197,9 @@ def test_matches_slow_reference_on_random_groups(combine, count, pos_weight, neg
 def test_block_scan_boundaries(monkeypatch, first_block):
     # the runs are scanned in growing blocks of positions (32, 64, ... by default); tiny first
     # blocks put block boundaries inside the runs and make the scan continue over many blocks
-    import gtpo.conflict
+    import gtpo.maths.conflict
 
-    monkeypatch.setattr(gtpo.conflict, "_FIRST_BLOCK", first_block)
+    monkeypatch.setattr(gtpo.maths.conflict, "_FIRST_BLOCK", first_block)
     rng = random.Random(first_block)
     for group_size, T, vocab in [(2, 17, 1), (2, 17, 2), (4, 23, 2), (3, 9, 1)]:
         ids, mask, adv = _random_batch(rng, 80, group_size, T, vocab)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gtpo import GTPOConfig, GTPOTrainer
-from gtpo import setup as gsetup
+from gtpo.run import build as gsetup
 from helpers import PROMPTS, tiny_config
 from helpers import digit_length_reward as digit_reward
 
@@ -35,7 +35,7 @@ class Seen:
     the hidden states and weight reaching the chunked head, the log-probs reaching the loss and the loss."""
 
     def __init__(self, trainer, monkeypatch):
-        import gtpo.policy
+        import gtpo.sampling.policy
 
         self.sampling, self.training, self.head, self.logp, self.loss = set(), set(), set(), set(), set()
         model = trainer.unwrapped_model
@@ -48,13 +48,13 @@ class Seen:
         for m in model.modules():
             if isinstance(m, torch.nn.Linear) and not hasattr(m, "base_layer"):
                 m.register_forward_hook(hook)
-        real_head = gtpo.policy.token_logprobs_and_entropy
+        real_head = gtpo.sampling.policy.token_logprobs_and_entropy
 
         def head(hidden, weight, *args, **kwargs):
             self.head.add((hidden.dtype, weight.dtype))
             return real_head(hidden, weight, *args, **kwargs)
 
-        monkeypatch.setattr(gtpo.policy, "token_logprobs_and_entropy", head)
+        monkeypatch.setattr(gtpo.sampling.policy, "token_logprobs_and_entropy", head)
         real_rollout, real_update, real_loss = trainer.sample_rollout, trainer.update, trainer.loss_fn
 
         def sample_rollout(rows):
@@ -219,8 +219,8 @@ def test_a_run_that_loads_its_model_first_asks_for_the_trainers_dtypes_and_devic
 
 def test_a_quantized_model_on_another_device_is_refused_and_accelerate_sees_it(tiny_model_path):
     pytest.importorskip("bitsandbytes")
-    from gtpo.models import load_model
-    from gtpo.policy import PolicyForward
+    from gtpo.run.models import load_model
+    from gtpo.sampling.policy import PolicyForward
 
     model = load_model(tiny_model_path, dtype="bfloat16", quantization_config={"load_in_4bit": True})
     with pytest.raises(ValueError, match=r"4-bit/8-bit base is on \['cpu'\] but this process trains on cuda:1"):
@@ -290,7 +290,7 @@ def test_float16_is_refused_by_gtpos_trainer_with_what_to_do():
 
 
 def test_a_loaded_bf16_model_without_a_dtype_trains_in_bf16(tiny_model_path):
-    from gtpo.models import load_model
+    from gtpo.run.models import load_model
 
     model = load_model(tiny_model_path, dtype="bfloat16")
     assert gsetup.requested_dtype(GTPOConfig(), model) == "bfloat16"
@@ -354,7 +354,7 @@ def test_resume_loads_optimizer_state_onto_this_process_device(tiny_model_path, 
     """Issue 29 item 6: torch.load without map_location put every process's copy of the optimizer state on the
     device it was saved from (the main process's GPU). A checkpoint written on a GPU is simulated by tagging the
     saved tensors with cuda:1; without map_location loading it here fails (no such device)."""
-    from gtpo.checkpoint import load_torch_file
+    from gtpo.run.checkpoint import load_torch_file
 
     cfg = config(tmp_path, max_steps=1, save_steps=1)
     GTPOTrainer(tiny_model_path, digit_reward, ROWS, args=cfg, peft_config=lora()).train()
@@ -408,7 +408,7 @@ def test_trl_guard_checks_what_the_integration_uses():
 
 
 def test_vllm_versions_outside_the_supported_range_are_refused():
-    from gtpo.vllm_engine import SUPPORTED_VLLM, check_vllm_version
+    from gtpo.sampling.vllm_engine import SUPPORTED_VLLM, check_vllm_version
 
     check_vllm_version("0.32.0")
     check_vllm_version(SUPPORTED_VLLM[0] + ".0")
@@ -431,7 +431,7 @@ def test_sleep_mode_is_refused_on_cpu(tiny_model_path, tmp_path):
 
 # ----------------------------------------------------------------------------- item 9: chunk sizes
 def test_head_chunks_are_larger_on_accelerators():
-    from gtpo.ops import default_chunk_rows
+    from gtpo.maths.ops import default_chunk_rows
 
     assert default_chunk_rows(128256, "cpu") == 64 * 2**20 // (4 * 128256)  # 130 rows, as before
     assert default_chunk_rows(128256, "cuda") == 512 * 2**20 // (4 * 128256)

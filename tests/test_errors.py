@@ -9,9 +9,9 @@ import pytest
 
 from gtpo import GTPOConfig, GTPOTrainer
 from gtpo.app import split_spec
-from gtpo.checkpoint import list_checkpoints
 from gtpo.cli import main
 from gtpo.errors import ConfigError
+from gtpo.run.checkpoint import list_checkpoints
 from helpers import PROMPTS, digit_reward, metrics_lines, rows, tiny_config, write_cli_inputs
 
 

@@ -381,7 +381,7 @@ def test_score_samples_reasoning_gym_scorer():
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_path):
-    from gtpo.models import load_model, load_tokenizer
+    from gtpo.run.models import load_model, load_tokenizer
 
     return load_model(tiny_model_path), load_tokenizer(tiny_model_path)
 
@@ -513,7 +513,7 @@ def test_evaluate_is_seeded_and_leaves_global_rng_alone(tiny):
 def test_evaluate_loads_peft_adapter(tiny_model_path, tmp_path):
     from peft import LoraConfig, get_peft_model
 
-    from gtpo.models import load_model
+    from gtpo.run.models import load_model
 
     base = load_model(tiny_model_path)
     lora = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))

@@ -1,4 +1,4 @@
-"""Tests of the optimised paths the benchmarks measure (``gtpo.rollout``: one prompt prefill per
+"""Tests of the optimised paths the benchmarks measure (``gtpo.sampling.rollout``: one prompt prefill per
 group in ``generate``, one prompt forward per group in ``completion_hidden_states``).
 
 Every fast path is compared with the plain computation it replaces, on tiny
@@ -16,9 +16,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from gtpo.policy import completion_hidden_states  # noqa: E402
-from gtpo.rollout import generate  # noqa: E402
-from gtpo.shared_prefix import prompt_groups  # noqa: E402
+from gtpo.sampling.policy import completion_hidden_states  # noqa: E402
+from gtpo.sampling.rollout import generate  # noqa: E402
+from gtpo.sampling.shared_prefix import prompt_groups  # noqa: E402
 
 PROMPTS = ["What is 1 + 2?", "hi", "What is 12 + 7? think step by step"]
 
@@ -79,7 +79,7 @@ def test_prompt_groups_compare_masks_too():
 # ----------------------------------------------------------------------------- training forward
 def _batch(model, tokenizer, g=3, t=7, seed=0):
     """Prompt-major rows of 3 prompts x g completions; completion 1 of prompt 0 ends early (EOS)."""
-    from gtpo.padding import left_pad
+    from gtpo.sampling.padding import left_pad
 
     rows = [tokenizer(p)["input_ids"] for p in PROMPTS for _ in range(g)]
     prompt_ids, prompt_mask = left_pad(rows, tokenizer.pad_token_id)
@@ -229,7 +229,7 @@ def test_generate_returns_normal_tensors_usable_by_autograd(model_and_tokenizer)
     for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated"):
         assert not getattr(rollout, name).is_inference(), name
     # completion ids are saved for backward by the chunked LM head: that must work
-    from gtpo.ops import token_logprobs_and_entropy
+    from gtpo.maths.ops import token_logprobs_and_entropy
 
     hidden = torch.randn(*rollout.completion_ids.shape, model.config.hidden_size, dtype=torch.float64,
                          requires_grad=True)
@@ -268,7 +268,7 @@ def test_top_k_zero_samples_from_the_full_vocabulary(model_and_tokenizer):
 def test_policy_forward_equals_full_logits(model_and_tokenizer, lora):
     # the trainer's forward (shared prompt prefix + chunked head) against log_softmax of the full
     # (N, S+T, V) logits of the plain model call, for values and LoRA/base gradients
-    from gtpo.policy import PolicyForward
+    from gtpo.sampling.policy import PolicyForward
 
     model, tokenizer = model_and_tokenizer
     if lora:
@@ -310,9 +310,9 @@ def _config(**kw):
 def multinomial_draws(monkeypatch):
     """The decoding loop drawing with torch.multinomial, as generate does: the same random stream,
     so the loop's mechanics (cache, mask, positions, processors) can be compared token for token."""
-    import gtpo.decode
+    import gtpo.sampling.decode
 
-    monkeypatch.setattr(gtpo.decode, "sample_categorical",
+    monkeypatch.setattr(gtpo.sampling.decode, "sample_categorical",
                         lambda probs, **kwargs: torch.multinomial(probs, num_samples=1).squeeze(1))
 
 
@@ -385,9 +385,9 @@ def test_decode_loop_drops_finished_rows_and_matches_generate(model_and_tokenize
     # EOS chosen from the greedy tokens so that rows end at different steps: the loop drops each
     # finished row from its batch (cache, mask, positions); the rows left must still get exactly
     # the logits of generate's full batch (greedy: the same argmax at every step)
-    from gtpo.decode import decode, prefill as _prefill
-    from gtpo.padding import left_pad
-    from gtpo.rollout import encode_prompts
+    from gtpo.sampling.decode import decode, prefill as _prefill
+    from gtpo.sampling.padding import left_pad
+    from gtpo.sampling.rollout import encode_prompts
 
     model, tokenizer = model_and_tokenizer
     prompts = PROMPTS + ["a b c", "12 + 30 = ", "think"]
@@ -421,9 +421,9 @@ def test_decode_loop_samples_the_tokens_of_generate_until_a_row_ends(model_and_t
     # ends, the loop and generate draw the same random numbers for the same rows: equal tokens.
     # After it, the loop draws for fewer rows (its stream differs); every row still ends at its
     # first EOS and is padded after it.
-    from gtpo.decode import decode, prefill as _prefill
-    from gtpo.padding import left_pad
-    from gtpo.rollout import encode_prompts
+    from gtpo.sampling.decode import decode, prefill as _prefill
+    from gtpo.sampling.padding import left_pad
+    from gtpo.sampling.rollout import encode_prompts
 
     model, tokenizer = model_and_tokenizer
     rows = [p for p in encode_prompts(tokenizer, PROMPTS) for _ in range(4)]
@@ -449,7 +449,7 @@ def test_decode_loop_samples_the_tokens_of_generate_until_a_row_ends(model_and_t
 
 @pytest.mark.parametrize("setting", ["repetition_penalty", "no_repeat_ngram_size", "suppress_tokens", "min_p"])
 def test_decode_loop_leaves_settings_it_does_not_cover_to_generate(model_and_tokenizer, setting):
-    from gtpo.decode import decode_loop_config
+    from gtpo.sampling.decode import decode_loop_config
 
     model, tokenizer = model_and_tokenizer
     plain = dict(do_sample=True, max_new_tokens=5, temperature=0.7, top_k=0, top_p=0.9, repetition_penalty=1.0)
@@ -477,7 +477,7 @@ def test_decode_loop_leaves_settings_it_does_not_cover_to_generate(model_and_tok
 def test_sample_categorical_matches_the_distribution():
     # 200,000 draws per row from fixed weights (one row unnormalised): every frequency within
     # 5 standard errors of its probability; zero-probability entries never drawn
-    from gtpo.decode import sample_categorical
+    from gtpo.sampling.decode import sample_categorical
 
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.25, 0.125, 0.125],
                           [3.0, 0.0, 1.0, 0.0, 0.0, 4.0],
@@ -496,7 +496,7 @@ def test_sample_categorical_matches_the_distribution():
 def test_sample_categorical_agrees_with_multinomial_on_random_rows():
     # fast (inverse CDF) vs torch.multinomial on random softmax rows with top-k-like zeros: the
     # mean of each token's indicator over 20,000 draws agrees within 5 standard errors
-    from gtpo.decode import sample_categorical
+    from gtpo.sampling.decode import sample_categorical
 
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(4, 40, generator=g) * 2
@@ -516,7 +516,7 @@ def test_sample_categorical_agrees_with_multinomial_on_random_rows():
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0])
 def test_sample_categorical_refuses_non_finite_or_empty_rows(bad):
-    from gtpo.decode import sample_categorical
+    from gtpo.sampling.decode import sample_categorical
 
     probs = torch.tensor([[0.5, 0.5], [bad, 0.0 if bad == 0.0 else 1.0]])
     with pytest.raises(RuntimeError, match="inf, nan"):
@@ -525,7 +525,7 @@ def test_sample_categorical_refuses_non_finite_or_empty_rows(bad):
 
 def test_sample_categorical_records_instead_of_raising_when_given_a_flag():
     # valid=...: no host read, the check is ANDed into the flag (decode reads it when it syncs)
-    from gtpo.decode import sample_categorical
+    from gtpo.sampling.decode import sample_categorical
 
     valid = torch.ones((), dtype=torch.bool)
     sample_categorical(torch.tensor([[0.5, 0.5]]), valid=valid)
@@ -542,7 +542,7 @@ def test_growing_layer_holds_what_a_dynamic_layer_holds():
     # tensors returned by update (views of the buffers)
     from transformers.cache_utils import DynamicLayer
 
-    from gtpo.decode import GrowingLayer
+    from gtpo.sampling.decode import GrowingLayer
 
     g = torch.Generator().manual_seed(0)
     plain = DynamicLayer()
@@ -568,7 +568,7 @@ def test_growing_layer_holds_what_a_dynamic_layer_holds():
 def test_grow_cache_leaves_other_caches_alone(model_and_tokenizer):
     from transformers.cache_utils import DynamicCache
 
-    from gtpo.decode import GrowingLayer, grow_cache, prefill
+    from gtpo.sampling.decode import GrowingLayer, grow_cache, prefill
 
     model, tokenizer = model_and_tokenizer
     assert not grow_cache(DynamicCache(config=model.config), 4)  # empty layers (one-token prompts)
@@ -582,9 +582,9 @@ def test_grow_cache_leaves_other_caches_alone(model_and_tokenizer):
 def matmul_attention_in_float64(monkeypatch):
     """decode_attention computes float64 queries itself (it leaves float32/float64 to SDPA by
     default): its maths can then be checked at float64 precision."""
-    import gtpo.decode
+    import gtpo.sampling.decode
 
-    monkeypatch.setattr(gtpo.decode, "MATMUL_ATTENTION_DTYPES", (torch.bfloat16, torch.float16, torch.float64))
+    monkeypatch.setattr(gtpo.sampling.decode, "MATMUL_ATTENTION_DTYPES", (torch.bfloat16, torch.float16, torch.float64))
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
@@ -594,7 +594,7 @@ def test_decode_attention_is_sdpa_for_one_query(kv_heads, mask_kind, matmul_atte
     # key/value heads (query head h reads key/value head h // (heads / kv_heads), as repeat_kv)
     import torch.nn.functional as F
 
-    from gtpo.decode import decode_attention
+    from gtpo.sampling.decode import decode_attention
 
     g = torch.Generator().manual_seed(1)
     n, heads, length, dim = 3, 4, 7, 5
@@ -624,7 +624,7 @@ def test_decode_attention_is_sdpa_for_one_query(kv_heads, mask_kind, matmul_atte
 def test_decode_attention_leaves_float32_to_sdpa():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from gtpo.decode import decode_attention
+    from gtpo.sampling.decode import decode_attention
 
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 4, 1, 5, generator=g), torch.randn(2, 2, 6, 5, generator=g),
@@ -639,7 +639,7 @@ def test_decode_attention_leaves_other_calls_to_sdpa():
     # several query positions (a prompt), dropout or soft-capping go to transformers' SDPA function
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from gtpo.decode import decode_attention
+    from gtpo.sampling.decode import decode_attention
 
     g = torch.Generator().manual_seed(2)
     q = torch.randn(2, 4, 3, 5, generator=g, dtype=torch.float64)
@@ -664,7 +664,7 @@ def test_decode_loop_with_matmul_attention_gives_the_greedy_tokens_of_generate(m
 def test_decode_loop_attends_through_decode_attention_on_cpu(model_and_tokenizer, monkeypatch):
     # every decoding step (one query) of every layer goes through decode_attention; the model's own
     # attention implementation is back to sdpa afterwards, also when the loop raises
-    import gtpo.decode
+    import gtpo.sampling.decode
     from transformers import AttentionInterface
 
     model, tokenizer = model_and_tokenizer
@@ -673,10 +673,10 @@ def test_decode_loop_attends_through_decode_attention_on_cpu(model_and_tokenizer
 
     def spy(module, query, *args, **kwargs):
         queries.append(query.shape[2])
-        return gtpo.decode.decode_attention(module, query, *args, **kwargs)
+        return gtpo.sampling.decode.decode_attention(module, query, *args, **kwargs)
 
-    monkeypatch.setattr(gtpo.decode, "_register_decode_attention",
-                        lambda: AttentionInterface.register(gtpo.decode.DECODE_ATTENTION, spy) or True)
+    monkeypatch.setattr(gtpo.sampling.decode, "_register_decode_attention",
+                        lambda: AttentionInterface.register(gtpo.sampling.decode.DECODE_ATTENTION, spy) or True)
     try:
         generate(model, tokenizer, PROMPTS, num_samples=2, max_new_tokens=4, temperature=1.0)
         assert model.config._attn_implementation == "sdpa"
@@ -692,7 +692,7 @@ def test_decode_loop_attends_through_decode_attention_on_cpu(model_and_tokenizer
             handle.remove()
         assert model.config._attn_implementation == "sdpa"
     finally:
-        gtpo.decode._register_decode_attention()
+        gtpo.sampling.decode._register_decode_attention()
 
 
 @pytest.mark.parametrize("every", [2, 5])
@@ -700,9 +700,9 @@ def test_decode_loop_reading_rows_every_few_tokens_gives_the_same_greedy_tokens(
     # sync_every > 1 (the accelerator default): rows that ended stay in the batch until the next
     # read, writing padding; greedy tokens do not depend on the batch, so they equal sync_every=1's,
     # and the result is trimmed to the longest completion
-    from gtpo.decode import decode, prefill as _prefill
-    from gtpo.padding import left_pad
-    from gtpo.rollout import encode_prompts
+    from gtpo.sampling.decode import decode, prefill as _prefill
+    from gtpo.sampling.padding import left_pad
+    from gtpo.sampling.rollout import encode_prompts
 
     model, tokenizer = model_and_tokenizer
     prompts = PROMPTS + ["a b c", "12 + 30 = ", "think"]
@@ -719,9 +719,9 @@ def test_decode_loop_reading_rows_every_few_tokens_gives_the_same_greedy_tokens(
 
 
 def test_decode_loop_reading_rows_every_few_tokens_ends_rows_at_their_first_eos(model_and_tokenizer):
-    from gtpo.decode import decode, prefill as _prefill
-    from gtpo.padding import left_pad
-    from gtpo.rollout import encode_prompts
+    from gtpo.sampling.decode import decode, prefill as _prefill
+    from gtpo.sampling.padding import left_pad
+    from gtpo.sampling.rollout import encode_prompts
 
     model, tokenizer = model_and_tokenizer
     rows = [p for p in encode_prompts(tokenizer, PROMPTS) for _ in range(4)]

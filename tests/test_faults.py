@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from gtpo import GTPOTrainer
-from gtpo.checkpoint import atomic_write, commit, list_checkpoints, read_state, remove_checkpoint, rotate, write_json_atomic
 from gtpo.cli import main
 from gtpo.errors import CheckpointError, TrainingStopped
+from gtpo.run.checkpoint import atomic_write, commit, list_checkpoints, read_state, remove_checkpoint, rotate, write_json_atomic
 from helpers import digit_reward, metrics_lines, rows, tiny_config, write_cli_inputs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -359,7 +359,7 @@ def test_disk_full_during_checkpoint_keeps_the_previous_one(tiny_model_path, tmp
 
 
 def test_disk_full_while_saving_the_final_model_or_metrics(tiny_model_path, tmp_path, monkeypatch):
-    import gtpo.checkpoint as checkpoint_module
+    import gtpo.run.checkpoint as checkpoint_module
 
     cfg = config(tmp_path, max_steps=1, save_steps=1)
     trainer = GTPOTrainer(tiny_model_path, digit_reward, rows(), args=cfg)

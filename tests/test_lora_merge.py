@@ -1,12 +1,12 @@
-"""gtpo.lora_merge: LoRA layers swapped for merged plain linears while sampling, the model unchanged after."""
+"""gtpo.sampling.lora_merge: LoRA layers swapped for merged plain linears while sampling, the model unchanged after."""
 
 import pytest
 import torch
 
 peft = pytest.importorskip("peft")
 
-from gtpo.lora_merge import lora_merged_weight, mergeable_lora_layers, merged_lora_layers  # noqa: E402
-from gtpo.rollout import generate  # noqa: E402
+from gtpo.sampling.lora_merge import lora_merged_weight, mergeable_lora_layers, merged_lora_layers  # noqa: E402
+from gtpo.sampling.rollout import generate  # noqa: E402
 
 
 def lora_model(path, dtype=torch.float64, **lora):
@@ -103,10 +103,10 @@ def test_layers_it_cannot_merge_faithfully_keep_their_lora_path(tiny_model_path,
 
 
 def count_merges(monkeypatch):
-    """Patch gtpo.rollout's merged_lora_layers to record how many layers each call replaced."""
+    """Patch gtpo.sampling.rollout's merged_lora_layers to record how many layers each call replaced."""
     import contextlib
 
-    import gtpo.rollout
+    import gtpo.sampling.rollout
 
     counts = []
 
@@ -116,7 +116,7 @@ def count_merges(monkeypatch):
             counts.append(replaced)
             yield replaced
 
-    monkeypatch.setattr(gtpo.rollout, "merged_lora_layers", counting)
+    monkeypatch.setattr(gtpo.sampling.rollout, "merged_lora_layers", counting)
     return counts
 
 

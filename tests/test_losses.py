@@ -1,8 +1,8 @@
-"""Tests of gtpo.losses (policy_loss and its table of losses): golden values, reductions between
+"""Tests of gtpo.maths.losses (policy_loss and its table of losses): golden values, reductions between
 losses, micro-batch exactness, masked values, and a per-token reference implementation.
 
 GTPO's entropy filter and gamma shift shape the advantages before the loss (the trainer calls
-gtpo.advantages.entropy_control, then the loss); ``_policy_loss`` below composes the two the same
+gtpo.maths.advantages.entropy_control, then the loss); ``_policy_loss`` below composes the two the same
 way, so that the golden values of the whole objective stay checked in one place."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gtpo.advantages import entropy_control, group_advantages, shape_advantages
 from gtpo.config import LOSS_TYPES
-from gtpo.conflict import conflict_weights
 from gtpo.config import GTPOConfig
-from gtpo.losses import POLICY_LOSSES, LossExtras, LossOutput, dapo_loss, dr_grpo_loss, grpo_loss, gtpo_loss
+from gtpo.maths.advantages import entropy_control, group_advantages, shape_advantages
+from gtpo.maths.conflict import conflict_weights
+from gtpo.maths.losses import POLICY_LOSSES, LossExtras, LossOutput, dapo_loss, dr_grpo_loss, grpo_loss, gtpo_loss
 from reference_impl import ref_policy_loss, reference_code_gtpo_loss
 
 F64 = torch.float64

@@ -88,7 +88,7 @@ def test_model_init_kwargs_errors_name_the_field(kwargs, message):
 
 def test_yaml_model_init_kwargs_reach_from_pretrained(tiny_model_path, tmp_path):
     from gtpo.app import split_spec
-    from gtpo.models import load_model
+    from gtpo.run.models import load_model
 
     _run, cfg = split_spec({"model_init_kwargs": {"dtype": "bfloat16", "attn_implementation": "eager"}}, source="x")
     model = load_model(tiny_model_path, **cfg.model_init_kwargs)
@@ -110,7 +110,7 @@ def test_sharded_setups_are_refused_pointing_to_the_trl_engine(kind):
 
 def test_paper_configs_load_a_4bit_base():
     from gtpo.app import load_yaml, split_spec
-    from gtpo.models import model_init_kwargs
+    from gtpo.run.models import model_init_kwargs
 
     root = os.path.join(os.path.dirname(__file__), "..", "configs", "paper")
     for name in sorted(os.listdir(root)):

@@ -1,10 +1,11 @@
-"""gtpo.method.token_advantages: GTPO's loss as token-level advantages (the form verl's policy losses take)."""
+"""gtpo.maths.method.token_advantages: GTPO's loss as token-level advantages (the form verl's policy losses take)."""
 
 import pytest
 import torch
 
-from gtpo import GTPOConfig, method
-from gtpo.losses import POLICY_LOSSES, LossExtras
+from gtpo import GTPOConfig
+from gtpo.maths import method
+from gtpo.maths.losses import POLICY_LOSSES, LossExtras
 
 
 def _rollout(seed: int, G: int = 4, P: int = 3, T: int = 9):
@@ -42,7 +43,7 @@ def test_token_advantages_reproduce_gtpo_loss_and_gradient(preset, seed):
     G = 4
     cfg = GTPOConfig.from_preset(preset, group_size=G, epsilon_high=0.28)
     ids, mask, rewards, entropy, logp, old = _rollout(seed, G=G)
-    from gtpo.advantages import group_advantages
+    from gtpo.maths.advantages import group_advantages
 
     adv = group_advantages(rewards, G, scale=cfg.resolved_scale_rewards)
     inputs = method.group_inputs(ids, mask, adv, cfg)

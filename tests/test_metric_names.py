@@ -8,7 +8,7 @@ import re
 import pytest
 
 from gtpo import GTPOConfig, GTPOTrainer
-from gtpo.metric_names import RENAMED, canonical_name, canonical_record, legacy_name, legacy_record
+from gtpo.run.metric_names import RENAMED, canonical_name, canonical_record, legacy_name, legacy_record
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "metrics.md")
 ROWS = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(8)]

@@ -1,4 +1,4 @@
-"""Tests of gtpo.ops: masked reductions, aggregation, chunked log-probs + entropy."""
+"""Tests of gtpo.maths.ops: masked reductions, aggregation, chunked log-probs + entropy."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from gtpo.ops import aggregate, masked_mean, masked_sum, token_logprobs_and_entropy
+from gtpo.maths.ops import aggregate, masked_mean, masked_sum, token_logprobs_and_entropy
 from reference_impl import naive_token_logprobs_and_entropy
 
 # ---------------------------------------------------------------------------

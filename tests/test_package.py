@@ -13,7 +13,7 @@ def test_every_public_name_resolves():
 
 def test_maths_modules_import_no_transformers_or_package_orchestration():
     code = (
-        "import sys; import gtpo.ops, gtpo.advantages, gtpo.conflict, gtpo.losses, gtpo.config; "
+        "import sys; import gtpo.maths.ops, gtpo.maths.advantages, gtpo.maths.conflict, gtpo.maths.losses, gtpo.config; "
         "bad = [m for m in ('transformers', 'accelerate', 'peft', 'datasets', 'gtpo.trainer', 'gtpo.cli') if m in sys.modules]; "
         "print(','.join(bad))"
     )
@@ -36,45 +36,58 @@ def test_evaluation_imports_no_torch_or_transformers():
 
 def test_one_way_dependencies_between_modules():
     """config and errors import nothing of the package; the maths imports only config, ops and errors;
-    the sampling and forward modules never import the trainer, the CLI or the scoring."""
+    the sampling and forward modules never import the trainer, the CLI or the scoring. Keys and values are
+    module paths under ``gtpo`` (``maths.ops`` is ``src/gtpo/maths/ops.py``); lazy imports count."""
     import ast
     import os
 
-    root = os.path.join(os.path.dirname(gtpo.__file__))
+    root = os.path.dirname(gtpo.__file__)
 
     def package_imports(name):
-        tree = ast.parse(open(os.path.join(root, name + ".py")).read())
+        path = os.path.join(root, *name.split(".")) + ".py"
+        package = ["gtpo"] + name.split(".")[:-1]
         found = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-                found.add(node.module.split(".")[0])
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gtpo."):
-                found.add(node.module.split(".")[1])
-        return found
+        for node in ast.walk(ast.parse(open(path).read())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                module = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if module != "gtpo" and not module.startswith("gtpo."):
+                continue
+            for alias in node.names:  # a submodule imported by name (``from ..maths import method``) counts as it
+                sub = f"{module}.{alias.name}"
+                where = os.path.join(root, *sub.split(".")[1:])
+                is_module = os.path.exists(where + ".py") or os.path.exists(os.path.join(where, "__init__.py"))
+                found.add((sub if is_module else module).removeprefix("gtpo").removeprefix("."))
+        return found - {""}
 
     allowed = {
-        "errors": set(), "config": {"errors"}, "ops": {"config"}, "advantages": {"config", "ops"},
-        "conflict": {"config", "ops"}, "losses": {"config", "ops"}, "padding": set(), "shared_prefix": set(),
-        "decode": {"models", "padding", "shared_prefix"},
-        "policy": {"models", "ops", "padding", "shared_prefix"},
-        "rollout": {"decode", "lora_merge", "padding", "shared_prefix"}, "scoring": {"errors", "rollout"},
-        "diagnostics": set(), "checkpoint": {"errors"}, "lora_merge": set(),
+        "errors": set(), "config": {"errors"}, "maths.ops": {"config"},
+        "maths.advantages": {"config", "maths.ops"}, "maths.conflict": {"config", "maths.ops"},
+        "maths.losses": {"config", "maths.ops"}, "sampling.padding": set(), "sampling.shared_prefix": set(),
+        "sampling.decode": {"run.models", "sampling.padding", "sampling.shared_prefix"},
+        "sampling.policy": {"maths.ops", "run.models", "sampling.padding", "sampling.shared_prefix"},
+        "sampling.rollout": {"sampling.decode", "sampling.lora_merge", "sampling.padding", "sampling.shared_prefix"},
+        "rewards.scoring": {"errors", "sampling.rollout"}, "run.diagnostics": set(), "run.checkpoint": {"errors"},
+        "sampling.lora_merge": set(),
     }
     for module, deps in allowed.items():
         assert package_imports(module) <= deps, (module, package_imports(module) - deps)
 
 
 def test_option_tuples_have_one_home():
-    import gtpo.advantages
+    import gtpo.maths.advantages
     import gtpo.config
-    import gtpo.conflict
-    import gtpo.losses
-    import gtpo.ops
+    import gtpo.maths.conflict
+    import gtpo.maths.losses
+    import gtpo.maths.ops
 
-    assert gtpo.losses.LOSS_TYPES is gtpo.config.LOSS_TYPES
-    assert gtpo.ops.AGGREGATIONS is gtpo.config.AGGREGATIONS
-    assert gtpo.advantages.SCALE_REWARDS is gtpo.config.SCALE_REWARDS
-    assert gtpo.advantages.FILTER_SCOPES is gtpo.config.FILTER_SCOPES
-    assert gtpo.conflict.CONFLICT_COMBINE is gtpo.config.CONFLICT_COMBINE
-    assert set(gtpo.losses.POLICY_LOSSES) == set(gtpo.config.LOSS_TYPES)
+    assert gtpo.maths.losses.LOSS_TYPES is gtpo.config.LOSS_TYPES
+    assert gtpo.maths.ops.AGGREGATIONS is gtpo.config.AGGREGATIONS
+    assert gtpo.maths.advantages.SCALE_REWARDS is gtpo.config.SCALE_REWARDS
+    assert gtpo.maths.advantages.FILTER_SCOPES is gtpo.config.FILTER_SCOPES
+    assert gtpo.maths.conflict.CONFLICT_COMBINE is gtpo.config.CONFLICT_COMBINE
+    assert set(gtpo.maths.losses.POLICY_LOSSES) == set(gtpo.config.LOSS_TYPES)
     assert set(gtpo.config.DEFAULT_AGGREGATION) == set(gtpo.config.LOSS_TYPES) - {"gtpo"}

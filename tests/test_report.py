@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from gtpo import report
-from gtpo.checkpoint import atomic_write
 from gtpo.cli import add_report_arguments, report_main
 from gtpo.report import (
     _load_runs,
@@ -31,6 +30,7 @@ from gtpo.report import (
     summarize,
     write_report,
 )
+from gtpo.run.checkpoint import atomic_write
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,4 +1,4 @@
-"""``gtpo.rollout.SamplingParams``: the sampling settings built once from a GTPOConfig and passed as one object to
+"""``gtpo.sampling.rollout.SamplingParams``: the sampling settings built once from a GTPOConfig and passed as one object to
 every sampler (gtpo's decoding loop, transformers generate, vLLM, the in-training evaluation)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gtpo import GTPOConfig
-from gtpo.rollout import SamplingParams, generate
+from gtpo.sampling.rollout import SamplingParams, generate
 
 PROMPTS = ["What is 1 + 2?", "hi"]
 
@@ -62,8 +62,8 @@ def test_every_setting_reaches_transformers_generate(tiny):
     config of the object's settings: the same tokens under the same seed (repetition penalty included)."""
     from transformers import GenerationConfig
 
-    from gtpo.padding import completion_mask_from_ids, left_pad
-    from gtpo.rollout import encode_prompts, eos_token_ids
+    from gtpo.sampling.padding import completion_mask_from_ids, left_pad
+    from gtpo.sampling.rollout import encode_prompts, eos_token_ids
 
     model, tok = tiny
     params = SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=7, repetition_penalty=1.3)

@@ -8,7 +8,7 @@ import torch
 
 from gtpo import GTPOConfig
 from gtpo.errors import ConfigValueError
-from gtpo.setup import build_scheduler
+from gtpo.run.build import build_scheduler
 
 
 def learning_rates(config: GTPOConfig) -> list[float]:

@@ -1,4 +1,4 @@
-"""Reward functions as the trainer calls them (``gtpo.scoring``, TRL's contract): the values TRL accepts (numpy,
+"""Reward functions as the trainer calls them (``gtpo.rewards.scoring``, TRL's contract): the values TRL accepts (numpy,
 tensors, bools, None), errors that name the function, the prompt and the line that raised, values out of range or
 of the wrong shape, ``async def`` functions (awaited concurrently, as TRL gathers them), sequence-classification
 reward models (an object, a local directory, a hub id), TRL's reward names and dotted import paths; all on tiny
@@ -18,7 +18,7 @@ import torch
 from gtpo import GTPOTrainer
 from gtpo.errors import RewardFunctionError
 from gtpo.rewards import resolve_reward
-from gtpo.scoring import SequenceClassificationReward, is_async_reward
+from gtpo.rewards.scoring import SequenceClassificationReward, is_async_reward
 from helpers import PROMPTS, rows, tiny_config
 
 ROWS = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(8)]

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from gtpo import GTPOConfig, GTPOTrainer
-from gtpo.trackers import check_trackers, tracker_config
+from gtpo.run.trackers import check_trackers, tracker_config
 
 
 def reward_len(completions, **kwargs):

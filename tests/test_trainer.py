@@ -56,17 +56,17 @@ def test_every_loss_type_updates_every_trainable_parameter(tiny_model_path, tmp_
 
 @pytest.mark.parametrize("decode_loop", [True, False])
 def test_decode_loop_setting_picks_the_sampler(tiny_model_path, tmp_path, monkeypatch, decode_loop):
-    # decode_loop=True samples with gtpo.rollout.decode, False with transformers generate; both train
-    import gtpo.rollout
+    # decode_loop=True samples with gtpo.sampling.rollout.decode, False with transformers generate; both train
+    import gtpo.sampling.rollout
 
     calls = {"decode": 0, "generate": 0}
-    decode = gtpo.rollout.decode
+    decode = gtpo.sampling.rollout.decode
 
     def counting_decode(*args, **kwargs):
         calls["decode"] += 1
         return decode(*args, **kwargs)
 
-    monkeypatch.setattr(gtpo.rollout, "decode", counting_decode)
+    monkeypatch.setattr(gtpo.sampling.rollout, "decode", counting_decode)
     cfg = make_config(tmp_path, max_steps=2, decode_loop=decode_loop, entropy_filter=False)
     trainer = GTPOTrainer(tiny_model_path, [digit_reward, length_reward], dataset(), args=cfg)
     model_cls = type(trainer.unwrapped_model)

@@ -68,9 +68,9 @@ def test_official_preset_and_paper_configs_sample_at_0_9_with_raw_logprobs():
 
 # ----------------------------------------------------------------------------- 1. silent no-training
 def test_a_run_whose_filter_drops_everything_says_so(tiny_model_path, tmp_path, caplog, monkeypatch):
-    import gtpo.diagnostics
+    import gtpo.run.diagnostics
 
-    monkeypatch.setattr(gtpo.diagnostics, "FILTERED_WARNING_INTERVAL", 3)
+    monkeypatch.setattr(gtpo.run.diagnostics, "FILTERED_WARNING_INTERVAL", 3)
     # GTPOConfig's filter defaults (fixed tau = 0.7) on a random model (entropy ~ ln 512 = 6.2 nats)
     cfg = config(tmp_path, max_steps=7, learning_rate=1e-2)
     assert cfg.resolved_entropy_filter and cfg.entropy_rule == "fixed" and cfg.entropy_threshold == 0.7
@@ -129,7 +129,7 @@ def test_zero_variance_steps_are_counted_for_grpo(tiny_model_path, tmp_path):
 # ----------------------------------------------------------------------------- fixed rollouts
 def _fixed_rollout(trainer, completions, truncated):
     """A Rollout of the first P dataset prompts with the given completion ids (G per prompt)."""
-    from gtpo.rollout import Rollout, encode_prompts, left_pad
+    from gtpo.sampling.rollout import Rollout, encode_prompts, left_pad
 
     g = trainer.args.group_size
     p = len(completions) // g

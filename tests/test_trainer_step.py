@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from gtpo import GTPOTrainer
-from gtpo.advantages import entropy_control, group_advantages, sign_mask, varying_groups
-from gtpo.conflict import conflict_weights
+from gtpo.maths.advantages import entropy_control, group_advantages, sign_mask, varying_groups
+from gtpo.maths.conflict import conflict_weights
 from helpers import PROMPTS, digit_reward, tiny_config
 
 

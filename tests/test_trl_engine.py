@@ -14,15 +14,15 @@ import torch
 
 pytest.importorskip("trl")
 
-from gtpo.advantages import entropy_control, group_advantages  # noqa: E402
+from gtpo.maths.advantages import entropy_control, group_advantages  # noqa: E402
 from gtpo.config import GTPOConfig  # noqa: E402
-from gtpo.conflict import conflict_weights  # noqa: E402
+from gtpo.maths.conflict import conflict_weights  # noqa: E402
 from gtpo.errors import ConfigError, ConfigValueError  # noqa: E402
 from gtpo.integrations.trl import (  # noqa: E402
     ENGINE_ONLY, GTPO_METHOD_FIELDS, RENAMED, UNAVAILABLE, TRLGTPOConfig, TRLGTPOTrainer,
 )
-from gtpo.losses import gtpo_loss  # noqa: E402
-from gtpo.ops import masked_mean  # noqa: E402
+from gtpo.maths.losses import gtpo_loss  # noqa: E402
+from gtpo.maths.ops import masked_mean  # noqa: E402
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "trl_ddp_train.py")
 TRAINING = dict(use_cpu=True, report_to="none", bf16=False, gradient_checkpointing=False, save_strategy="no",
@@ -54,7 +54,7 @@ def fixed_reward(completion_ids, **kwargs):
 
 def fixed_tensors():
     """The fixed batch as gtpo's Rollout tensors: prompts left padded, completions right padded (pad = EOS)."""
-    from gtpo.padding import completion_mask_from_ids, left_pad
+    from gtpo.sampling.padding import completion_mask_from_ids, left_pad
 
     prompts = [PROMPT_IDS[f"p{i // G}"] for i in range(P * G)]
     prompt_ids, prompt_mask = left_pad(prompts, EOS)
@@ -280,7 +280,7 @@ def test_loss_and_gradient_equal_gtpo_trainer(case, tiny_model_path, tmp_path):
     TRL's loop (generation output, shuffle, split into 4 micro-batches, gradient accumulation): the same loss
     and gradient to 1e-6, with the entropy filter dropping some completions."""
     from gtpo import GTPOTrainer
-    from gtpo.rollout import Rollout
+    from gtpo.sampling.rollout import Rollout
 
     spec = CASES[case]
     fields = dict(spec.get("fields", {}))
@@ -396,7 +396,7 @@ def test_trl_loss_types_pass_through_unchanged(tiny_model_path, tmp_path):
 
 def test_overlong_penalty_is_a_reward_function(tiny_model_path, tmp_path):
     """DAPO's soft overlong punishment (overlong_buffer_length > 0) is appended to the reward functions with
-    weight 1: gtpo.scoring.overlong_penalty of each completion's length (first EOS included)."""
+    weight 1: gtpo.rewards.scoring.overlong_penalty of each completion's length (first EOS included)."""
     from datasets import Dataset
 
     args = TRLGTPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=G,

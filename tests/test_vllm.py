@@ -19,13 +19,13 @@ import torch
 
 from gtpo import GTPOConfig, GTPOTrainer
 from gtpo.errors import ConfigValueError
-from gtpo.losses import grpo_loss, gtpo_loss, sampler_importance_weights
-from gtpo.padding import completion_mask_from_ids
-from gtpo.policy import PolicyForward
-from gtpo.rollout import Rollout, SamplingParams, generate
-from gtpo.scoring import ScoredBatch
+from gtpo.maths.losses import grpo_loss, gtpo_loss, sampler_importance_weights
+from gtpo.rewards.scoring import ScoredBatch
+from gtpo.sampling.padding import completion_mask_from_ids
+from gtpo.sampling.policy import PolicyForward
+from gtpo.sampling.rollout import Rollout, SamplingParams, generate
 
-import gtpo.vllm_engine as ve
+import gtpo.sampling.vllm_engine as ve
 import helpers
 from helpers import digit_length_reward as digit_reward
 from helpers import tiny_config
@@ -106,7 +106,7 @@ def test_importing_gtpo_never_imports_vllm():
     import subprocess
     import sys
 
-    code = ("import sys, gtpo, gtpo.vllm_engine, gtpo.trainer, gtpo.cli, gtpo.evaluation.api; "
+    code = ("import sys, gtpo, gtpo.sampling.vllm_engine, gtpo.trainer, gtpo.cli, gtpo.evaluation.api; "
             "print('vllm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -241,7 +241,7 @@ def test_rollout_from_vllm_like_outputs(tokenizer):
     expected = torch.tensor([[-1.0, -2.0, -0.5, 0.0], [-0.1, -0.2, -0.3, -0.4], [-0.25, -0.75, 0, 0], [-0.1, 0, 0, 0]])
     assert r.sampling_logp.dtype == torch.float32 and torch.allclose(r.sampling_logp, expected)
     assert r.texts == tokenizer.batch_decode([[40, 41, eos], [30, 31, 32, 33], [50, eos], [60]], skip_special_tokens=True)
-    # the same layout as gtpo.rollout.generate's (its mask rule on ids where a truncated row fills the width)
+    # the same layout as gtpo.sampling.rollout.generate's (its mask rule on ids where a truncated row fills the width)
     mask, truncated = completion_mask_from_ids(r.completion_ids[:3], [eos])
     assert torch.equal(mask, r.completion_mask[:3]) and torch.equal(truncated, r.truncated[:3])
     # tokens after an EOS (vLLM does not produce them) would not count
@@ -353,7 +353,7 @@ def test_dense_weights_dequantize_a_4bit_base(tiny_model_path):
 
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path, quantization_config=quant, dtype=torch.float32)
-    from gtpo.models import keep_4bit_weights_trainable
+    from gtpo.run.models import keep_4bit_weights_trainable
 
     keep_4bit_weights_trainable(base)
     model = get_peft_model(base, LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
@@ -382,8 +382,8 @@ def test_default_kv_cache_bytes():
 
 # ----------------------------------------------------------------------------------------- a fake engine
 class FakeEngine:
-    """:class:`gtpo.vllm_engine.VLLMEngine`'s interface over gtpo's own sampler: the samples of
-    ``gtpo.rollout.generate`` and, as "the sampler's log-probs", the model's own plus ``offset``. It reads the
+    """:class:`gtpo.sampling.vllm_engine.VLLMEngine`'s interface over gtpo's own sampler: the samples of
+    ``gtpo.sampling.rollout.generate`` and, as "the sampler's log-probs", the model's own plus ``offset``. It reads the
     live model, so ``update_weights`` only counts the syncs."""
 
     instances: list["FakeEngine"] = []
@@ -432,7 +432,7 @@ class FakeEngine:
 
 
 def _fake_from_pretrained(cls, path, tokenizer, **settings):
-    from gtpo.models import load_model
+    from gtpo.run.models import load_model
 
     return FakeEngine(load_model(path), tokenizer, source=path, **settings)
 

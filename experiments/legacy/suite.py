@@ -112,8 +112,8 @@ TRAIN_COLS = ("reward_first", "reward_last", "accuracy_last", "format_last", "en
 
 
 def _metrics_of(run_dir: str) -> list[dict]:
-    """metrics.jsonl of a run under the metric names this suite reads (gtpo's earlier ones; gtpo.metric_names)."""
-    from gtpo.metric_names import legacy_record
+    """metrics.jsonl of a run under the metric names this suite reads (gtpo's earlier ones; gtpo.run.metric_names)."""
+    from gtpo.run.metric_names import legacy_record
     from gtpo.report import load_metrics
 
     return [legacy_record(m) for m in load_metrics(run_dir)]
@@ -326,7 +326,7 @@ def status(run: Run) -> tuple[str, int]:
     if st and st.get("status") == "stopped":
         return "stopped", int(st.get("last_step", 0))
     if run.kind == "train":
-        from gtpo.checkpoint import latest_checkpoint
+        from gtpo.run.checkpoint import latest_checkpoint
 
         ck = latest_checkpoint(d) if os.path.isdir(d) else None
         if ck:
@@ -412,7 +412,7 @@ def execute(run: Run) -> None:
         _write_json(os.path.join(run.dir, "summary.json"), {"steps": run.steps})
     record["status"] = "done"
     _write_json(os.path.join(run.dir, "suite_status.json"), record)
-    from gtpo.checkpoint import list_checkpoints, remove_checkpoint
+    from gtpo.run.checkpoint import list_checkpoints, remove_checkpoint
 
     for _step, path in list_checkpoints(run.dir):  # the final model is kept; checkpoints only cost disk
         remove_checkpoint(path)
@@ -461,7 +461,7 @@ def _greedy_tiny(model_dir: str) -> dict:
     ``eval_dataset`` and ``eval_reward``, ``gtpo.evaluation.evaluate_during_training``)."""
     from gtpo.app import load_dataset_spec
     from gtpo.evaluation import evaluate_during_training
-    from gtpo.models import load_model_and_tokenizer
+    from gtpo.run.models import load_model_and_tokenizer
     from gtpo.rewards import resolve_reward
 
     cfg = load_yaml(os.path.join(ROOT, BASE_CONFIG["tiny"]))

@@ -69,7 +69,7 @@ def test_grpo_filter_gamma_is_grpo_without_filter_and_gamma():
     import torch
 
     from gtpo.config import GTPOConfig
-    from gtpo.losses import POLICY_LOSSES, LossExtras
+    from gtpo.maths.losses import POLICY_LOSSES, LossExtras
 
     torch.manual_seed(0)
     n, t = 16, 12
@@ -95,7 +95,7 @@ def test_status_resume_and_stale(tmp_path, monkeypatch):
     monkeypatch.setattr(suite, "RUNS", str(tmp_path))
     run = suite.Run("tiny", "gtpo", 0, 4)
     assert suite.status(run) == ("todo", 0)
-    from gtpo import checkpoint as ckpt
+    from gtpo.run import checkpoint as ckpt
 
     os.makedirs(ckpt.temp_dir_for(run.dir, 2))
     ckpt.commit(ckpt.temp_dir_for(run.dir, 2), os.path.join(run.dir, "checkpoint-2"), {"global_step": 2})

@@ -6,7 +6,7 @@ state is restored between arms, and the change of the log-probabilities of the g
 is measured (``Δ = log π_new − log π_old`` on the sampled tokens):
 
 * ``conflict_pos``: mean Δ over the conflict-run tokens (prefix or suffix run,
-  :func:`gtpo.conflict.conflict_runs`, from the unshaped signs) of the positive completions: the
+  :func:`gtpo.maths.conflict.conflict_runs`, from the unshaped signs) of the positive completions: the
   tokens claim 1 says GRPO pushes down and GTPO protects;
 * ``prefix_pos``: the same on the prefix run only (the shared opening);
 * ``seq_pos`` / ``seq_neg``: mean over positive / negative completions of Σ_t Δ (sequence
@@ -111,7 +111,7 @@ def build_trainer(model_name: str):
 
     from gtpo import GTPOTrainer
     from gtpo.app import build_peft_config, default_config_text, load_dataset_spec, split_spec
-    from gtpo.models import load_model_and_tokenizer
+    from gtpo.run.models import load_model_and_tokenizer
     from gtpo.rewards import resolve_reward
 
     if model_name == "tiny":
@@ -140,8 +140,8 @@ def _short_neg(trainer, batch, rng: random.Random):
     """The ``short_neg`` variant of a scored group: negatives -> cut positives + EOS, rescored."""
     import torch
 
-    from gtpo.advantages import group_advantages
-    from gtpo.rollout import Rollout
+    from gtpo.maths.advantages import group_advantages
+    from gtpo.sampling.rollout import Rollout
 
     r = batch.rollout
     adv = group_advantages(batch.rewards, len(batch.rewards), scale="none")
@@ -244,9 +244,9 @@ def run(model_name: str, state: str, variant: str, n_groups: int, seed: int, out
         max_tries: int | None = None) -> None:
     import torch
 
-    from gtpo.advantages import group_advantages
-    from gtpo.conflict import conflict_runs
-    from gtpo.losses import POLICY_LOSSES
+    from gtpo.maths.advantages import group_advantages
+    from gtpo.maths.conflict import conflict_runs
+    from gtpo.maths.losses import POLICY_LOSSES
 
     done = read_jsonl_gz(out_path) if os.path.isfile(out_path) else []
     trainer, base, (t_sample, t_lp), best = build_trainer(model_name)

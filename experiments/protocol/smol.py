@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from gtpo.metric_names import legacy_record
+from gtpo.run.metric_names import legacy_record
 
 from .common import DATA, ROOT, RUNS, cpu_seconds, now, read_jsonl, read_jsonl_gz, setup_env, write_json, write_jsonl_gz
 

@@ -99,7 +99,7 @@ def build_claim7(log=print) -> str:
     from datasets import Dataset
 
     from gtpo.data import make_prompt
-    from gtpo.models import load_model_and_tokenizer
+    from gtpo.run.models import load_model_and_tokenizer
     from gtpo.sft import run_sft
 
     if not os.path.isfile(os.path.join(V3, "start.json")):
@@ -217,7 +217,7 @@ def build_stress(rep: Replicate) -> str:
     from datasets import Dataset
 
     from gtpo.data import make_prompt
-    from gtpo.models import load_model_and_tokenizer
+    from gtpo.run.models import load_model_and_tokenizer
     from gtpo.sft import run_sft
 
     if not os.path.isfile(os.path.join(V3, "start.json")):
@@ -248,11 +248,11 @@ def measure(model_dir: str, n_prompts: int = 96, g: int = 8) -> dict:
     import torch
 
     from gtpo.data import load_task
-    from gtpo.models import load_model_and_tokenizer
-    from gtpo.ops import masked_mean
-    from gtpo.policy import PolicyForward
+    from gtpo.run.models import load_model_and_tokenizer
+    from gtpo.maths.ops import masked_mean
+    from gtpo.sampling.policy import PolicyForward
     from gtpo.rewards import paper_format_score, paper_reward
-    from gtpo.rollout import generate
+    from gtpo.sampling.rollout import generate
 
     torch.manual_seed(0)
     model, tok = load_model_and_tokenizer(model_dir)

@@ -7,7 +7,7 @@ import json
 import os
 import time
 
-from gtpo.metric_names import legacy_record
+from gtpo.run.metric_names import legacy_record
 
 from .common import ROOT, cpu_seconds, now, read_jsonl, write_json
 
@@ -77,7 +77,7 @@ def kept_steps(d: str, keep=CLAIM7_STEP_KEYS) -> list[dict]:
 
 def step_metrics(d: str) -> list[dict]:
     """Per-step numeric metrics under gtpo's earlier names (``reward/mean``, ...: those of the committed data;
-    :func:`gtpo.metric_names.legacy_record`), the last line of each step winning (a resumed run re-logs steps)."""
+    :func:`gtpo.run.metric_names.legacy_record`), the last line of each step winning (a resumed run re-logs steps)."""
     steps: dict[int, dict] = {}
     path = os.path.join(d, "metrics.jsonl")
     if not os.path.isfile(path):

@@ -1,7 +1,7 @@
 """gtpo: GTPO (Simoni et al., TACL 2026, arXiv 2508.03772) for Hugging Face causal LMs.
 
-The maths lives in pure tensor functions (``gtpo.advantages``, ``gtpo.conflict``,
-``gtpo.losses``, ``gtpo.ops``); ``gtpo.method`` composes them into GTPO once, for every engine (gtpo's
+The maths lives in pure tensor functions (``gtpo.maths.advantages``, ``gtpo.maths.conflict``,
+``gtpo.maths.losses``, ``gtpo.maths.ops``); ``gtpo.maths.method`` composes them into GTPO once, for every engine (gtpo's
 trainer ``gtpo.trainer``, TRL's ``gtpo.integrations.trl``, verl's ``gtpo.integrations.verl``); the
 application layer ``gtpo.app`` builds and runs a training job from a spec, and the CLI (``gtpo.cli``) only
 parses arguments for it. Public names are imported lazily so that ``import gtpo`` stays cheap and
@@ -12,27 +12,29 @@ from __future__ import annotations
 
 import importlib
 
+from . import _aliases  # noqa: F401  (the old module paths, e.g. gtpo.rollout, as aliases)
+
 __version__ = "0.1.0"
 
 _EXPORTS = {
     # maths
-    "group_advantages": "gtpo.advantages",
-    "shape_advantages": "gtpo.advantages",
-    "conflict_weights": "gtpo.conflict",
-    "conflict_runs": "gtpo.conflict",
-    "token_logprobs_and_entropy": "gtpo.ops",
-    "masked_mean": "gtpo.ops",
-    "masked_sum": "gtpo.ops",
-    "aggregate": "gtpo.ops",
-    "POLICY_LOSSES": "gtpo.losses",
-    "LossExtras": "gtpo.losses",
-    "gtpo_loss": "gtpo.losses",
-    "grpo_loss": "gtpo.losses",
-    "LossOutput": "gtpo.losses",
+    "group_advantages": "gtpo.maths.advantages",
+    "shape_advantages": "gtpo.maths.advantages",
+    "conflict_weights": "gtpo.maths.conflict",
+    "conflict_runs": "gtpo.maths.conflict",
+    "token_logprobs_and_entropy": "gtpo.maths.ops",
+    "masked_mean": "gtpo.maths.ops",
+    "masked_sum": "gtpo.maths.ops",
+    "aggregate": "gtpo.maths.ops",
+    "POLICY_LOSSES": "gtpo.maths.losses",
+    "LossExtras": "gtpo.maths.losses",
+    "gtpo_loss": "gtpo.maths.losses",
+    "grpo_loss": "gtpo.maths.losses",
+    "LossOutput": "gtpo.maths.losses",
     "LOSS_TYPES": "gtpo.config",
     # the GTPO composition every engine calls
-    "group_inputs": "gtpo.method",
-    "effective_advantages": "gtpo.method",
+    "group_inputs": "gtpo.maths.method",
+    "effective_advantages": "gtpo.maths.method",
     # configuration and training
     "GTPOConfig": "gtpo.config",
     "GTPOTrainer": "gtpo.trainer",

@@ -349,7 +349,7 @@ class GTPOConfig:
     )
     decode_loop: bool = _f(
         True,
-        "Sample with gtpo's decoding loop (gtpo.decode.decode) where the settings allow it (temperature, top_p, "
+        "Sample with gtpo's decoding loop (gtpo.sampling.decode.decode) where the settings allow it (temperature, top_p, "
         "top_k, min_new_tokens; a plain full-attention KV cache; no repetition penalty): the model's forward on its "
         "KV cache with transformers' logits processors, without generate's per-token bookkeeping, with inverse-CDF "
         "sampling (one uniform number per completion instead of torch.multinomial's one per vocabulary entry), and "
@@ -361,7 +361,7 @@ class GTPOConfig:
     merge_lora_for_sampling: bool = _f(
         True,
         "Sample (rollouts and the in-training evaluation) with each float32 LoRA layer replaced by a plain linear "
-        "layer holding its merged weight W + scale * B @ A (gtpo.lora_merge): one matmul per layer instead of three, "
+        "layer holding its merged weight W + scale * B @ A (gtpo.sampling.lora_merge): one matmul per layer instead of three, "
         "measured 1.15-1.34x faster sampling of SmolLM2 + LoRA r=16 on CPU (docs/performance.md). The trained "
         "weights are not touched; one copy of the adapted weights is held while sampling; the same distribution up "
         "to float rounding. bfloat16/float16, 4-bit and sharded (DeepSpeed, FSDP) layers keep their LoRA path. "
@@ -719,7 +719,7 @@ class GTPOConfig:
     @property
     def requested_dtype(self) -> str:
         """The run's dtype as asked (``"auto"`` is resolved against the hardware by
-        :func:`gtpo.setup.resolve_dtype`): ``dtype``, else ``model_init_kwargs.dtype``, else ``"bfloat16"``
+        :func:`gtpo.run.build.resolve_dtype`): ``dtype``, else ``model_init_kwargs.dtype``, else ``"bfloat16"``
         with ``bf16``, else ``"float32"`` (``dtype``'s rule)."""
         return resolved(self, "dtype")
 
@@ -971,7 +971,7 @@ class GTPOConfig:
 
     # the keyword arguments the maths functions take ------------------------------------
     def shaping_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`gtpo.advantages.shape_advantages` (``initial_entropy`` and the
+        """Keyword arguments of :func:`gtpo.maths.advantages.shape_advantages` (``initial_entropy`` and the
         per-row masks come from the trainer)."""
         return dict(threshold=self.entropy_threshold if self.resolved_entropy_filter else None,
                     gamma=self.resolved_gamma, scope=self.entropy_filter_scope)
@@ -986,7 +986,7 @@ class GTPOConfig:
         return int(math.ceil(fraction * self.max_steps * updates_per_step))
 
     def conflict_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`gtpo.conflict.conflict_weights`."""
+        """Keyword arguments of :func:`gtpo.maths.conflict.conflict_weights`."""
         return dict(
             pos_weight=self.pos_weight,
             neg_weight=self.neg_weight,

@@ -19,7 +19,7 @@ stays as it was), figures are freed as soon as they are saved, and matplotlib is
 when a plot is drawn, so ``import gtpo`` stays cheap. This is the pattern matplotlib documents
 for rendering in servers ("Embedding in a web application server").
 
-Every file is written atomically (``gtpo.checkpoint.atomic_write``: temporary file in the same
+Every file is written atomically (``gtpo.run.checkpoint.atomic_write``: temporary file in the same
 directory, fsync, ``os.replace``), so a report killed half-way never leaves a truncated PNG or
 ``report.md``.
 """
@@ -35,9 +35,9 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .checkpoint import atomic_write
 from .config import resolved
-from .metric_names import canonical_record
+from .run.checkpoint import atomic_write
+from .run.metric_names import canonical_record
 
 __all__ = [
     "load_metrics",
@@ -88,7 +88,7 @@ def load_metrics(run_dir: str) -> list[dict]:
     """Read ``<run_dir>/metrics.jsonl`` into a list of dicts, one per line, in file order.
 
     Records are as written; the figures and summaries read them through
-    :func:`gtpo.metric_names.canonical_record`, so a run written with the earlier metric names
+    :func:`gtpo.run.metric_names.canonical_record`, so a run written with the earlier metric names
     (``reward/mean``, ``entropy/mean``, ...) is drawn like a new one.
     Blank lines are ignored. The last non-blank line is skipped when it cannot be parsed: a run
     killed while writing leaves a truncated last line, and the finished lines before it are

@@ -28,8 +28,8 @@ import math
 import os
 from typing import Any, Mapping
 
-from .checkpoint import atomic_write, save_model_atomically
-from .data import gsm8k_reasoning
+from .data.sources import gsm8k_reasoning
+from .run.checkpoint import atomic_write, save_model_atomically
 
 __all__ = [
     "GENERIC_REASONING",
@@ -221,7 +221,7 @@ def _log_rows(log_history: list[dict]) -> list[dict]:
     Keeps the entries that have a ``loss`` (the end-of-training summary has ``train_loss``
     instead and is dropped) and puts ``step``, ``loss``, ``learning_rate`` first. Every key is
     kept as TRL logs it (``grad_norm``, ``entropy``, ``mean_token_accuracy``, ``num_tokens``,
-    ``epoch``): the names ``gtpo report`` reads (:mod:`gtpo.metric_names`).
+    ``epoch``): the names ``gtpo report`` reads (:mod:`gtpo.run.metric_names`).
     """
     rows = []
     for entry in log_history:
@@ -311,7 +311,7 @@ def build_sft_trainer(model, tokenizer, train_dataset, args: SFTArgs | None = No
         ``trl.SFTTrainer`` (``SFTConfig``: ``completion_only_loss=True``, no checkpointing unless
         ``save_steps > 0``, warm-up ``warmup_ratio`` given as ``warmup_steps``).
     """
-    from gtpo.models import clear_quantization_state, load_model_and_tokenizer
+    from gtpo.run.models import clear_quantization_state, load_model_and_tokenizer
 
     _check_rows(train_dataset, "train_dataset")
     a = _sft_args(args, fields)
@@ -364,9 +364,9 @@ def run_sft(model, tokenizer, train_dataset, args: SFTArgs | None = None, *, pef
     Args:
         model: a ``transformers`` causal LM (trained in place; with ``peft_config`` its modules
             get LoRA layers, which are merged back at the end), or a model spec string for
-            ``gtpo.models.load_model_and_tokenizer`` (hub id, local dir, ``.gguf`` file,
+            ``gtpo.run.models.load_model_and_tokenizer`` (hub id, local dir, ``.gguf`` file,
             ``"smollm2-135m-instruct"``). A GGUF-loaded model's quantization state is cleared
-            (``gtpo.models.clear_quantization_state``) so that it trains and saves as a float model.
+            (``gtpo.run.models.clear_quantization_state``) so that it trains and saves as a float model.
         tokenizer: its tokenizer (``None`` only when ``model`` is a spec string). Prompts that are
             message lists are rendered with its chat template.
         train_dataset: ``datasets.Dataset``; either task rows (``prompt`` + ``answer``, optional

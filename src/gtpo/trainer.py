@@ -3,27 +3,27 @@
 One step (:meth:`GTPOTrainer.step`), top to bottom:
 
 1. **rollout** (:meth:`~GTPOTrainer.sample_batch`): ``prompts_per_step`` prompts (each process its
-   share of whole groups), ``group_size`` completions each (:func:`gtpo.rollout.generate`, or with
-   ``use_vllm`` a colocated vLLM engine, :class:`gtpo.vllm_engine.VLLMEngine`, whose weights follow the
+   share of whole groups), ``group_size`` completions each (:func:`gtpo.sampling.rollout.generate`, or with
+   ``use_vllm`` a colocated vLLM engine, :class:`gtpo.sampling.vllm_engine.VLLMEngine`, whose weights follow the
    policy after every optimizer step);
-2. **score**: every reward function under TRL's contract, weighted (:class:`gtpo.scoring.RewardScorer`);
+2. **score**: every reward function under TRL's contract, weighted (:class:`gtpo.rewards.scoring.RewardScorer`);
    DAPO's overlong penalty; dynamic sampling replaces zero-variance groups;
-3. **advantages** over the whole (all-process) batch (:func:`gtpo.advantages.group_advantages`);
+3. **advantages** over the whole (all-process) batch (:func:`gtpo.maths.advantages.group_advantages`);
 4. **gtpo inputs** (:meth:`~GTPOTrainer.gtpo_inputs`): the loss mask, GTPO's per-row inputs of whole
-   groups (:func:`gtpo.method.group_inputs`: the conflict weights lambda from the UNSHAPED advantage
+   groups (:func:`gtpo.maths.method.group_inputs`: the conflict weights lambda from the UNSHAPED advantage
    signs, the rows the gamma shift and the sign controls reach), ⟨H⟩_ini;
 5. **update** (:meth:`~GTPOTrainer.update`): ``num_iterations`` passes over micro-batches; one forward
-   gives log-probs and entropies (:class:`gtpo.policy.PolicyForward`), the entropy filter and the
-   gamma shift shape the advantages (:func:`gtpo.method.effective_advantages`, the rollout policy's
-   entropies in every pass), the loss is ``gtpo.losses.POLICY_LOSSES[loss_type]`` (one signature for
+   gives log-probs and entropies (:class:`gtpo.sampling.policy.PolicyForward`), the entropy filter and the
+   gamma shift shape the advantages (:func:`gtpo.maths.method.effective_advantages`, the rollout policy's
+   entropies in every pass), the loss is ``gtpo.maths.losses.POLICY_LOSSES[loss_type]`` (one signature for
    every loss) with the normalisers of the whole batch (with vLLM: times the truncated importance weights of the sampler
-   mismatch, :func:`gtpo.losses.sampler_importance_weights`); gradients are clipped, non-finite updates
+   mismatch, :func:`gtpo.maths.losses.sampler_importance_weights`); gradients are clipped, non-finite updates
    skipped;
 6. **metrics** to ``metrics.jsonl`` (and trackers); sample completions, checkpoints and evaluation
    in :meth:`~GTPOTrainer.train`.
 
 The run directory (checks, logs, atomic checkpoints, exact resume, final model) is
-:class:`gtpo.checkpoint.RunDirectory`. SIGTERM / SIGINT finish the step and save; NaN/inf updates
+:class:`gtpo.run.checkpoint.RunDirectory`. SIGTERM / SIGINT finish the step and save; NaN/inf updates
 are never applied (``max_consecutive_skips`` in a row raise :class:`gtpo.errors.TrainingStopped`);
 bad input raises ``ValueError`` naming what and where. GTPO never loads a reference model;
 GRPO/Dr.GRPO/DAPO load one only when ``beta > 0`` (with LoRA the adapter is disabled instead).
@@ -43,22 +43,22 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
-from . import method
-from .advantages import group_advantages
-from .checkpoint import RESUME_HINT, RunDirectory
 from .config import GTPOConfig, fields_where
-from .data import as_dataset
-from .diagnostics import NoSignalCounter, policy_change_sums, probe_probabilities, signal_counts
+from .data.loaders import as_dataset
 from .errors import TrainingStopped
-from .losses import POLICY_LOSSES, LossExtras, sampler_importance_weights
-from .metric_names import canonical_name
-from .policy import PolicyForward
-from .rollout import PromptSampler, Rollout, SamplingParams, encode_dataset_prompts, eos_token_ids, generate
-from .scoring import RewardScorer, ScoredBatch, overlong_penalty
-from .trackers import check_trackers, start_trackers
+from .maths import method
+from .maths.advantages import group_advantages
+from .maths.losses import POLICY_LOSSES, LossExtras, sampler_importance_weights
+from .rewards.scoring import RewardScorer, ScoredBatch, overlong_penalty
+from .run.checkpoint import RESUME_HINT, RunDirectory
+from .run.diagnostics import NoSignalCounter, policy_change_sums, probe_probabilities, signal_counts
+from .run.metric_names import canonical_name
+from .run.trackers import check_trackers, start_trackers
+from .sampling.policy import PolicyForward
+from .sampling.rollout import PromptSampler, Rollout, SamplingParams, encode_dataset_prompts, eos_token_ids, generate
 
 if TYPE_CHECKING:
-    from .setup import Precision
+    from .run.build import Precision
 
 logger = logging.getLogger("gtpo")
 
@@ -134,7 +134,7 @@ class UpdateResult:
 class _SamplerStats:
     """The step's comparison of the sampler's log-probs (vLLM) with the trainer's ``pi_old`` (its own log-probs
     of the same tokens in the first pass, at ``logprob_temperature``), and the importance weights of
-    ``vllm_importance_sampling_correction`` (:func:`gtpo.losses.sampler_importance_weights`), over this
+    ``vllm_importance_sampling_correction`` (:func:`gtpo.maths.losses.sampler_importance_weights`), over this
     process's masked tokens:
 
     ``vllm/logprob_gap_mean`` / ``_max``: mean and max of ``|log pi_old - log pi_vllm|``;
@@ -208,8 +208,8 @@ class GTPOTrainer:
         eval_reward_func: scorer used for evaluation (default: the evaluation module's).
         probe_texts: ``{name: (prefix, target)}``: the mean probability of each target's tokens
             after its prefix is logged every step (``probe/<name>``).
-        precision: the run's :class:`gtpo.setup.Precision` when the caller decided it and loaded ``model`` with
-            it (:func:`gtpo.setup.run_precision`, as the application layer does); None: decided here, the same way.
+        precision: the run's :class:`gtpo.run.build.Precision` when the caller decided it and loaded ``model`` with
+            it (:func:`gtpo.run.build.run_precision`, as the application layer does); None: decided here, the same way.
     """
 
     def __init__(self, model: str | nn.Module, reward_funcs: Callable | str | list, train_dataset,
@@ -219,7 +219,7 @@ class GTPOTrainer:
         from accelerate import Accelerator
         from accelerate.utils import set_seed
 
-        from . import setup
+        from .run import build as setup
         from .rewards import resolve_reward
 
         self.args = args = args if args is not None else GTPOConfig()
@@ -229,7 +229,7 @@ class GTPOTrainer:
         if args.use_vllm and args.vllm_enable_sleep_mode and cpu_only():
             raise ValueError("GTPOConfig.vllm_enable_sleep_mode: vLLM has no sleep mode on CPU; set it to false")
         if args.use_vllm:
-            from .vllm_engine import require_vllm
+            from .sampling.vllm_engine import require_vllm
 
             require_vllm("GTPOConfig.use_vllm")
         check_trackers(args.report_to, where="GTPOConfig.report_to")  # a missing tracker would log nothing
@@ -246,7 +246,7 @@ class GTPOTrainer:
         set_seed(args.seed, device_specific=True)
         self.run_dir = RunDirectory(args.output_dir, acc)
 
-        # model and tokenizer (gtpo.setup; the dtypes and devices of docs/gpu.md)
+        # model and tokenizer (gtpo.run.build; the dtypes and devices of docs/gpu.md)
         self.model_name = model if isinstance(model, str) else \
             getattr(getattr(model, "config", None), "_name_or_path", type(model).__name__)
         self.tokenizer = setup.prepare_tokenizer(processing_class, model)
@@ -268,7 +268,7 @@ class GTPOTrainer:
         self.probe_texts = probe_texts or {}
         self.sampler = PromptSampler(len(self.train_dataset), args.seed)
 
-        # optimisation (gtpo.setup: optim, lr_scheduler_type)
+        # optimisation (gtpo.run.build: optim, lr_scheduler_type)
         self.policy = PolicyForward(base_model, chunk_size=args.logprob_chunk_size, compute_dtype=self.precision.compute)
         self.optimizer = setup.build_optimizer([p for p in self.policy.parameters() if p.requires_grad], args,
                                                acc.device)
@@ -310,9 +310,9 @@ class GTPOTrainer:
     # ================================================================== vLLM
     def vllm_engine_kwargs(self) -> dict[str, Any]:
         """The keyword arguments :meth:`vllm_engine` starts the engine with
-        (:meth:`gtpo.vllm_engine.VLLMEngine.from_model`): ``dtype`` is ``vllm_dtype``, or with 'auto' the
-        run's compute dtype (:func:`gtpo.setup.vllm_dtype_name`)."""
-        from .setup import vllm_dtype_name
+        (:meth:`gtpo.sampling.vllm_engine.VLLMEngine.from_model`): ``dtype`` is ``vllm_dtype``, or with 'auto' the
+        run's compute dtype (:func:`gtpo.run.build.vllm_dtype_name`)."""
+        from .run.build import vllm_dtype_name
 
         a = self.args
         return dict(max_model_len=a.resolved_vllm_max_model_length, dtype=vllm_dtype_name(a.vllm_dtype, self.precision),
@@ -325,13 +325,13 @@ class GTPOTrainer:
 
     @property
     def vllm_engine(self):
-        """The colocated :class:`gtpo.vllm_engine.VLLMEngine` (``use_vllm``), started on first use from the
+        """The colocated :class:`gtpo.sampling.vllm_engine.VLLMEngine` (``use_vllm``), started on first use from the
         policy's current weights and synced with them (:meth:`sync_vllm`; a sleeping engine is woken and
         given the weights); None without ``use_vllm``."""
         if not self.args.use_vllm:
             return None
         if self._vllm is None:
-            from .vllm_engine import VLLMEngine
+            from .sampling.vllm_engine import VLLMEngine
 
             started = time.perf_counter()
             self._vllm = VLLMEngine.from_model(self.unwrapped_model, self.tokenizer, **self.vllm_engine_kwargs())
@@ -468,7 +468,7 @@ class GTPOTrainer:
 
     # ------------------------------------------------------------------ 4. gtpo inputs
     def gtpo_inputs(self, rollout: Rollout, advantages: torch.Tensor) -> UpdateInputs:
-        """The loss mask and GTPO's per-row inputs of whole groups (:func:`gtpo.method.group_inputs`: conflict
+        """The loss mask and GTPO's per-row inputs of whole groups (:func:`gtpo.maths.method.group_inputs`: conflict
         weights from the UNSHAPED signs on the loss mask, the gamma-shift and sign rows), ⟨H⟩_ini and the
         reference log-probs, for ``rollout`` (N rows) and ``advantages (N,)``."""
         a = self.args
@@ -534,7 +534,7 @@ class GTPOTrainer:
         with the whole batch's normalisers (so the update does not depend on ``micro_batch_size``).
 
         Each micro-batch: forward (log-probs, entropies), effective advantages
-        (:func:`gtpo.method.effective_advantages`, from the rollout policy's entropies, frozen over the passes [D]),
+        (:func:`gtpo.maths.method.effective_advantages`, from the rollout policy's entropies, frozen over the passes [D]),
         the loss of ``loss_type``, backward. Then the gradient is clipped; a non-finite loss or gradient
         skips this update and the rest of the step's (the same on every process).
         """
@@ -601,7 +601,7 @@ class GTPOTrainer:
 
     def _effective_advantages(self, advantages: torch.Tensor, seq_entropy: torch.Tensor, inputs: UpdateInputs,
                               index: slice) -> method.EffectiveAdvantages:
-        """:func:`gtpo.method.effective_advantages` of the rows ``index`` (``advantages (M,)``, the rollout
+        """:func:`gtpo.maths.method.effective_advantages` of the rows ``index`` (``advantages (M,)``, the rollout
         policy's ``seq_entropy (M,)``), with ⟨H⟩_ini and the rows' gamma-shift and sign masks."""
         def rows(t):
             return None if t is None else t[index].to(advantages.device)
@@ -649,7 +649,7 @@ class GTPOTrainer:
     def _metrics(self, batch: ScoredBatch, all_rewards: torch.Tensor, inputs: UpdateInputs, result: UpdateResult,
                  stats: dict[str, float], no_signal: str | None, times: tuple[float, float, float]) -> dict[str, float]:
         """The step's metrics, averaged over processes (one host sync). TRL's names where TRL logs the same
-        quantity, GTPO's own under ``gtpo/`` (:mod:`gtpo.metric_names`; the table: docs/metrics.md)."""
+        quantity, GTPO's own under ``gtpo/`` (:mod:`gtpo.run.metric_names`; the table: docs/metrics.md)."""
         acc, g = self.accelerator, self.args.group_size
         dev = acc.device
         rollout = batch.rollout
@@ -837,7 +837,7 @@ class GTPOTrainer:
         }
 
     def save_checkpoint(self) -> str:
-        """Write ``checkpoint-<global_step>`` atomically (:meth:`gtpo.checkpoint.RunDirectory.save_checkpoint`)."""
+        """Write ``checkpoint-<global_step>`` atomically (:meth:`gtpo.run.checkpoint.RunDirectory.save_checkpoint`)."""
         return self.run_dir.save_checkpoint(
             self.global_step, model=self.unwrapped_model, tokenizer=self.tokenizer, optimizer=self.optimizer,
             scheduler=self.scheduler, state=self._state(), save_total_limit=self.args.save_total_limit,

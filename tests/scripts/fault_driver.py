@@ -54,10 +54,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402,F401
 
 import gtpo.cli  # noqa: E402
 import gtpo.data  # noqa: E402,F401
-import gtpo.models  # noqa: E402,F401
+import gtpo.run.models  # noqa: E402,F401
 import gtpo.report  # noqa: E402,F401
 import gtpo.rewards  # noqa: E402,F401
-from gtpo import checkpoint as ckpt  # noqa: E402
+from gtpo.run import checkpoint as ckpt  # noqa: E402
 from gtpo import trainer as tr  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))

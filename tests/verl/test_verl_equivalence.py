@@ -1,14 +1,14 @@
 """On verl's own code: GTPO's estimator + loss mode, through verl's DataProto, its mini-batch iterator, its
-micro-batch splitting (fixed and token-balanced) and its ppo_loss, equal gtpo.losses.gtpo_loss (loss and gradient,
+micro-batch splitting (fixed and token-balanced) and its ppo_loss, equal gtpo.maths.losses.gtpo_loss (loss and gradient,
 1e-6) -- for the official and paper presets, several groups, a truncated completion, a zero-variance group; invariant
 to row permutation (verl's batch balancing), to the micro-batch split and to data-parallel ranks."""
 
 import pytest
 import torch
 
-from gtpo import method
-from gtpo.advantages import group_advantages
-from gtpo.losses import gtpo_loss
+from gtpo.maths import method
+from gtpo.maths.advantages import group_advantages
+from gtpo.maths.losses import gtpo_loss
 
 from verl_batches import compose, log_probs, rollout, uid_array
 
@@ -32,7 +32,7 @@ def _configs(preset: str, extra: list[str] | None = None):
 
 
 def _reference(r, gcfg, logp, old):
-    """GTPO's loss on the prompt-major batch: gtpo.losses.gtpo_loss with the inputs of gtpo.method (as gtpo's own
+    """GTPO's loss on the prompt-major batch: gtpo.maths.losses.gtpo_loss with the inputs of gtpo.maths.method (as gtpo's own
     trainer and the TRL engine compute them)."""
     G, mask = r["G"], r["mask"]
     adv = group_advantages(r["rewards"], G, scale=gcfg.resolved_scale_rewards)

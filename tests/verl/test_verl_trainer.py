@@ -18,7 +18,7 @@ from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size  # n
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: E402
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 
-from gtpo import method  # noqa: E402
+from gtpo.maths import method  # noqa: E402
 from gtpo.integrations.verl import GTPOTrainer, check_verl_config, gtpo_token_level_advantages  # noqa: E402
 
 

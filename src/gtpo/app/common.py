@@ -146,8 +146,8 @@ def finish_run(summary: dict[str, Any], inputs: RunInputs, before: float | None,
 def write_summary_and_report(output_dir: str, summary: dict[str, Any]) -> None:
     """``summary.json`` (``summary`` plus the steps, first and last reward, mean step time of ``metrics.jsonl``) and
     the report (``gtpo report``'s plots) of the run in ``output_dir``; prints the report's path."""
-    from ..checkpoint import write_json_atomic
-    from ..metric_names import canonical_record
+    from ..run.checkpoint import write_json_atomic
+    from ..run.metric_names import canonical_record
     from ..report import load_metrics, write_report
 
     steps = [m for m in map(canonical_record, load_metrics(output_dir)) if "reward" in m]

@@ -67,7 +67,7 @@ def resolve_sft_spec(config_path: str | None, overrides: dict[str, Any], *, demo
 
 def run_sft_job(spec: dict[str, Any], *, source: str, options=frozenset()) -> str:
     """Train the SFT spec; returns the directory of the saved (merged) model."""
-    from ..models import load_model_and_tokenizer
+    from ..run.models import load_model_and_tokenizer
     from ..sft import SFTArgs, run_sft
     from .common import build_peft_config, load_dataset_spec
 

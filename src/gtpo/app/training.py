@@ -39,7 +39,7 @@ def _check_runnable(run: RunSpec, config: GTPOConfig, *, source: str, options) -
             f"{source}: a run needs " + "; ".join(f"{key} (set `{key}:` or pass {hint})" for key, hint in missing)
             + ". Only `gtpo train` without arguments runs the offline demo; `--demo` starts from it")
     if config.use_vllm and run.engine == "gtpo":
-        from ..vllm_engine import VLLM_INSTALL_HINT, vllm_available
+        from ..sampling.vllm_engine import VLLM_INSTALL_HINT, vllm_available
 
         if not vllm_available():
             raise ConfigError(f"{where_of(options, 'use_vllm', source)}: use_vllm needs vLLM, which is not installed: "
@@ -58,7 +58,7 @@ def load_run_inputs(spec: dict[str, Any], *, source: str, options=frozenset()) -
     functions, the SFT warm-up (``sft_warmup``: trained once into ``output_dir/sft-warmup`` and reused)."""
     from ..rewards import resolve_reward
 
-    from ..models import import_bitsandbytes_quietly
+    from ..run.models import import_bitsandbytes_quietly
 
     # before anything imports peft or TRL (which import bitsandbytes), so checking the spec imports it quietly too
     import_bitsandbytes_quietly(quantizing=_quantizes(spec))
@@ -66,7 +66,7 @@ def load_run_inputs(spec: dict[str, Any], *, source: str, options=frozenset()) -
     logging.basicConfig(level=getattr(logging, run.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _check_runnable(run, config, source=source, options=options)
-    from ..trackers import check_trackers
+    from ..run.trackers import check_trackers
 
     check_trackers(config.report_to, where=where_of(options, "report_to", source))  # both engines, before loading
     train_ds = load_dataset_spec(run.dataset, default_split="train")
@@ -101,14 +101,14 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
     """Train ``inputs`` on gtpo's own trainer, with the before/after accuracy, ``summary.json`` and the report."""
     from accelerate import PartialState
 
-    from ..models import load_model_and_tokenizer
-    from ..setup import policy_load_kwargs, run_precision
+    from ..run.models import load_model_and_tokenizer
+    from ..run.build import policy_load_kwargs, run_precision
     from ..trainer import GTPOTrainer, cpu_only
 
     run, config, eval_ds = inputs.run, inputs.config, inputs.eval_dataset
     probes = {k: tuple(v) for k, v in (run.probes or {}).items()}
     state = PartialState(cpu=cpu_only())  # as the trainer's Accelerator: the process state is a singleton
-    # the run's precision, decided once (gtpo.setup, docs/gpu.md): the model is loaded with it after the process state
+    # the run's precision, decided once (gtpo.run.build, docs/gpu.md): the model is loaded with it after the process state
     # exists, as the trainer would load it (on a GPU onto this process's device: a 4-bit base is placed while loading,
     # on GPU 0 for all otherwise), and the trainer keeps both
     precision = run_precision(config, inputs.model, adapter=run.peft is not None, device=state.device)
@@ -124,7 +124,7 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
     try:
         trainer.train(resume_from_checkpoint=run.resume_from_checkpoint)
     except KeyboardInterrupt:  # a second Ctrl-C: stopped at once; checkpoints are atomic
-        from ..checkpoint import latest_checkpoint
+        from ..run.checkpoint import latest_checkpoint
 
         newest = latest_checkpoint(config.output_dir)
         print(f"gtpo train: interrupted; {config.output_dir} is resumable from "
@@ -166,14 +166,14 @@ def _accuracy_on_trainer(stage: str, trainer, inputs: RunInputs, tokenizer, hook
 
 def _refuse_resuming_a_finished_trl_run(inputs: RunInputs) -> None:
     """TRL's engine resumes a finished run as asked and then replaces its final model: refused as on gtpo's
-    trainer (:func:`gtpo.checkpoint.refuse_resuming_a_finished_run`), before any model is loaded."""
+    trainer (:func:`gtpo.run.checkpoint.refuse_resuming_a_finished_run`), before any model is loaded."""
     resume, config = inputs.run.resume_from_checkpoint, inputs.config
     asked = resume is True or (isinstance(resume, str) and resume.strip().lower() not in ("false", "no", "none", ""))
     if not asked or config.overwrite_output_dir or not os.path.isdir(config.output_dir):
         return
     from transformers.trainer_utils import get_last_checkpoint
 
-    from ..checkpoint import refuse_resuming_a_finished_run
+    from ..run.checkpoint import refuse_resuming_a_finished_run
 
     try:
         refuse_resuming_a_finished_run(config.output_dir, get_last_checkpoint(config.output_dir))
@@ -184,7 +184,7 @@ def _refuse_resuming_a_finished_trl_run(inputs: RunInputs) -> None:
 def sft_warmup(model_spec: str, train_ds, run: RunSpec, config: GTPOConfig) -> str:
     """The spec's ``sft_warmup``: a supervised format warm-up of ``model_spec`` on ``train_ds``'s answers into
     ``output_dir/sft-warmup`` (reused when it exists); returns the directory RL starts from."""
-    from ..models import load_model_and_tokenizer
+    from ..run.models import load_model_and_tokenizer
     from ..sft import run_sft
 
     opts = dict(run.sft_warmup) if isinstance(run.sft_warmup, dict) else {}

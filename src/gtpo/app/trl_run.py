@@ -39,9 +39,9 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
     tells which fields the user set (TRL's batch fields may not be mixed with gtpo's). Returns the exit code."""
     from accelerate import PartialState
 
-    from ..checkpoint import no_transformers_progress_bars, write_json_atomic
+    from ..run.checkpoint import no_transformers_progress_bars, write_json_atomic
     from ..integrations.trl import TRLGTPOConfig, TRLGTPOTrainer, drop_long_prompts, metrics_file_callback
-    from ..models import load_model, load_tokenizer, resolve_model_spec
+    from ..run.models import load_model, load_tokenizer, resolve_model_spec
 
     hooks = hooks or RunHooks()
     run, config, eval_dataset, model = inputs.run, inputs.config, inputs.eval_dataset, inputs.model

@@ -4,7 +4,7 @@ The GTPO paper (Simoni et al., TACL 2026, arXiv 2508.03772, Table 1) reports pas
 k up to 32 in distribution (GSM8K, MATH test) and up to 64 out of distribution (AIME 2024,
 AIME 2025, AMC 2023), and MMLU to check that other knowledge is kept. This module measures the
 same things so that runs of this project can be compared with the paper and with each other:
-it loads the model and the data, samples completions (``gtpo.rollout.generate``), judges and
+it loads the model and the data, samples completions (``gtpo.sampling.rollout.generate``), judges and
 aggregates them (``gtpo.evaluation.scoring``, ``gtpo.evaluation.estimators``; MMLU:
 ``gtpo.evaluation.mmlu``) and writes the results JSON; :func:`format_table` prints them.
 
@@ -41,7 +41,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gtpo.checkpoint import atomic_write
+from gtpo.run.checkpoint import atomic_write
 
 from .estimators import MAJ_ESTIMATORS, UNPARSABLE_MODES, as_count, parse_k_list
 from .mmlu import evaluate_mmlu, mmlu_metrics
@@ -67,7 +67,7 @@ def _load_model(model: Any, tokenizer: Any, adapter: str | None, *, dtype: Any, 
 
     name = None
     if isinstance(model, (str, os.PathLike)):
-        from gtpo.models import load_model, load_tokenizer
+        from gtpo.run.models import load_model, load_tokenizer
 
         name = str(model)
         target = torch.device(device) if device is not None else torch.device(
@@ -84,7 +84,7 @@ def _load_model(model: Any, tokenizer: Any, adapter: str | None, *, dtype: Any, 
     if tokenizer is None:
         raise ValueError("tokenizer: required when model is a loaded model (not a path or hub id)")
     if isinstance(tokenizer, (str, os.PathLike)):
-        from gtpo.models import load_tokenizer
+        from gtpo.run.models import load_tokenizer
 
         tokenizer = load_tokenizer(str(tokenizer))
     if adapter is not None:
@@ -116,7 +116,7 @@ def _vllm_engine_for(model: Any, tokenizer: Any, adapter: str | None, rows: list
 
     import torch
 
-    from gtpo.vllm_engine import VLLMEngine, require_vllm
+    from gtpo.sampling.vllm_engine import VLLMEngine, require_vllm
 
     require_vllm("backend='vllm'")
     settings = {k: backend_args[k] for k in _ENGINE_SETTINGS if k in backend_args}
@@ -130,11 +130,11 @@ def _vllm_engine_for(model: Any, tokenizer: Any, adapter: str | None, rows: list
         engine_dtype = str(engine_dtype).removeprefix("torch.")
     if engine_dtype not in ("auto", "float32", "bfloat16", "float16"):
         engine_dtype = str(_dtype_of(engine_dtype, torch.device("cpu"))).removeprefix("torch.")
-    from gtpo.models import resolve_model_spec
+    from gtpo.run.models import resolve_model_spec
 
     plain_dir = isinstance(model, (str, os.PathLike)) and adapter is None and resolve_model_spec(str(model))[1] is None
     if plain_dir:
-        from gtpo.models import load_tokenizer
+        from gtpo.run.models import load_tokenizer
 
         name = str(model)
         if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
@@ -152,7 +152,7 @@ def _vllm_engine_for(model: Any, tokenizer: Any, adapter: str | None, rows: list
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token
     if "max_model_len" not in settings:
-        from gtpo.rollout import encode_prompts
+        from gtpo.sampling.rollout import encode_prompts
 
         longest = max_prompt_length or max(len(ids) for ids in encode_prompts(tokenizer, [r["prompt"] for r in rows]))
         settings["max_model_len"] = longest + max_new_tokens
@@ -253,13 +253,13 @@ def generate_samples(
     max_prompt_length: int | None, progress: bool, keep_ids: bool = False, engine: Any = None, merge_lora: bool = True,
     **settings,
 ) -> list[list[dict]]:
-    """``n`` completions of every row sampled as ``sampling`` (a :class:`gtpo.rollout.SamplingParams`, or its fields as
+    """``n`` completions of every row sampled as ``sampling`` (a :class:`gtpo.sampling.rollout.SamplingParams`, or its fields as
     keywords) says: per row, ``n`` dicts (text, length, truncated,
     and with ``keep_ids`` the completion's token ids under ``"ids"``). With ``engine`` (a
-    :class:`gtpo.vllm_engine.VLLMEngine`) vLLM samples every row in one call (it batches by itself);
-    otherwise ``gtpo.rollout.generate`` samples ``batch_size`` completions at a time (with its
+    :class:`gtpo.sampling.vllm_engine.VLLMEngine`) vLLM samples every row in one call (it batches by itself);
+    otherwise ``gtpo.sampling.rollout.generate`` samples ``batch_size`` completions at a time (with its
     ``merge_lora``)."""
-    from gtpo.rollout import SamplingParams, encode_prompts, eos_token_ids, generate
+    from gtpo.sampling.rollout import SamplingParams, encode_prompts, eos_token_ids, generate
 
     sampling = SamplingParams.given(sampling, settings, "generate_samples")
     if batch_size is not None and batch_size < 1:
@@ -309,7 +309,7 @@ def generate_samples(
 
 
 def write_results(path: str | os.PathLike, data: dict) -> None:
-    """Write results as JSON (indent 1, UTF-8, NaN allowed) with ``gtpo.checkpoint.atomic_write``;
+    """Write results as JSON (indent 1, UTF-8, NaN allowed) with ``gtpo.run.checkpoint.atomic_write``;
     the directory is created if needed."""
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -333,14 +333,14 @@ def evaluate(model: Any, tokenizer: Any = None, dataset: Any = None, options: Ev
              **fields: Any) -> dict:
     """Evaluate a model on a dataset: pass@k, maj@k, format rate, lengths (MMLU: accuracy).
 
-    Generates ``n`` completions per problem (``gtpo.rollout.generate``, or a vLLM engine), extracts and judges
+    Generates ``n`` completions per problem (``gtpo.sampling.rollout.generate``, or a vLLM engine), extracts and judges
     each answer (``scoring.score_samples``: math-verify against the gold answer, or the reasoning-gym task's
     scorer), and computes per-problem pass@k (``estimators.pass_at_k``) and maj@k
     (``estimators.majority_vote_score``) and their means over problems. For ``"mmlu"`` (or rows with
     ``choices`` and ``subject``) it dispatches to :func:`evaluate_mmlu`.
 
     Args:
-        model: a path, hub id, ``.gguf`` file or ``"smollm2-135m-instruct"`` (loaded with ``gtpo.models``;
+        model: a path, hub id, ``.gguf`` file or ``"smollm2-135m-instruct"`` (loaded with ``gtpo.run.models``;
             bfloat16 on GPU, float32 on CPU unless ``dtype``), or a loaded causal LM.
         tokenizer: the tokenizer (default: loaded from ``model`` when it is a path/id).
         dataset: shorthand for ``options.dataset`` (a task name, a file, or rows).
@@ -400,7 +400,7 @@ def _generation_results(model, tokenizer, rows: list[dict], name: str, model_nam
     """Sample ``opts.n`` completions per row (seeded; ``engine``: vLLM, closed afterwards), judge and score them."""
     try:
         with seeded(opts.seed):
-            from gtpo.rollout import SamplingParams
+            from gtpo.sampling.rollout import SamplingParams
 
             sampling = SamplingParams(max_new_tokens=opts.max_new_tokens, temperature=opts.temperature,
                                       top_p=opts.top_p, top_k=opts.top_k)
@@ -519,12 +519,12 @@ def evaluate_during_training(
         tokenizer: its tokenizer.
         dataset: rows with ``prompt`` and ``answer`` (``gtpo.data.load_task``), a
             ``datasets.Dataset`` or a list of dicts.
-        sampling: a :class:`gtpo.rollout.SamplingParams` (the trainer's:
+        sampling: a :class:`gtpo.sampling.rollout.SamplingParams` (the trainer's:
             ``SamplingParams.for_evaluation(config)``), or its fields as keywords (``max_new_tokens=...,
             temperature=...``; the defaults here: greedy, 256 new tokens).
-        engine: a :class:`gtpo.vllm_engine.VLLMEngine` serving ``model``'s current weights (the trainer's
-            with ``use_vllm``): it samples instead of ``gtpo.rollout.generate``.
-        merge_lora: ``gtpo.rollout.generate``'s (float32 LoRA layers merged while sampling).
+        engine: a :class:`gtpo.sampling.vllm_engine.VLLMEngine` serving ``model``'s current weights (the trainer's
+            with ``use_vllm``): it samples instead of ``gtpo.sampling.rollout.generate``.
+        merge_lora: ``gtpo.sampling.rollout.generate``'s (float32 LoRA layers merged while sampling).
         reward_fn: optional correctness reward (TRL's contract, called with the row's columns
             and ``completion_ids``; or a ``gtpo.rewards.resolve_reward`` spec); a sample counts
             as correct when it returns ``>= correct_threshold`` (default 1.0: use a correctness
@@ -536,7 +536,7 @@ def evaluate_during_training(
     Returns:
         ``{"eval/<metric>": float}``.
     """
-    from gtpo.rollout import SamplingParams
+    from gtpo.sampling.rollout import SamplingParams
 
     sampling = SamplingParams.given(sampling, {"temperature": 0.0, **settings} if sampling is None else settings,
                                     "evaluate_during_training")

@@ -128,12 +128,12 @@ def continuation_logprobs(
     When every continuation of a context is a single token (the usual case for answer
     letters), one forward pass over the context scores all of them; otherwise each
     ``context + continuation`` is a sequence of its own. Sequences are left-padded with
-    explicit position ids (``gtpo.padding.left_pad``, ``gtpo.padding.position_ids``), and only
+    explicit position ids (``gtpo.sampling.padding.left_pad``, ``gtpo.sampling.padding.position_ids``), and only
     the last positions' logits are computed when the model supports ``logits_to_keep``.
     """
     import torch
 
-    from gtpo.padding import left_pad, position_ids
+    from gtpo.sampling.padding import left_pad, position_ids
 
     if len(contexts) != len(continuations):
         raise ValueError(f"contexts ({len(contexts)}) and continuations ({len(continuations)}) "
@@ -251,7 +251,7 @@ def evaluate_mmlu(
         {subject: {"accuracy", "n"}}}, "problems": [{index, subject, question, choices, gold,
         logprobs, pred, correct}]}``.
     """
-    from gtpo.rollout import prompt_text
+    from gtpo.sampling.rollout import prompt_text
 
     rows = dataset.to_list() if hasattr(dataset, "to_list") else [dict(r) for r in dataset]
     if not rows:

@@ -14,11 +14,11 @@ gradient checkpointing, logging, checkpoints and the Hub::
                              train_dataset=ds, peft_config=lora)   # trl.GRPOTrainer's constructor
     trainer.train()
 
-The method is this package's, never a copy: the composition of :mod:`gtpo.method` that gtpo's own
-trainer calls too (:func:`~gtpo.method.group_inputs`: lambda and ``n_conflict`` from the UNSHAPED
-advantage signs on the loss mask, the gamma-shift and sign rows; :func:`~gtpo.method.effective_advantages`:
-filter, ``<H>_ini`` rule, gamma shift; :func:`~gtpo.method.initial_entropy_sums`), and the loss
-``gtpo.losses.POLICY_LOSSES["gtpo"]`` with the one signature of every loss. Any other ``loss_type`` ("grpo", "dapo", "dr_grpo", "bnpo", "cispo",
+The method is this package's, never a copy: the composition of :mod:`gtpo.maths.method` that gtpo's own
+trainer calls too (:func:`~gtpo.maths.method.group_inputs`: lambda and ``n_conflict`` from the UNSHAPED
+advantage signs on the loss mask, the gamma-shift and sign rows; :func:`~gtpo.maths.method.effective_advantages`:
+filter, ``<H>_ini`` rule, gamma shift; :func:`~gtpo.maths.method.initial_entropy_sums`), and the loss
+``gtpo.maths.losses.POLICY_LOSSES["gtpo"]`` with the one signature of every loss. Any other ``loss_type`` ("grpo", "dapo", "dr_grpo", "bnpo", "cispo",
 "sapo", "luspo", "vespo") is TRL's own code, unchanged.
 
 Where each step happens (trl 1.16):
@@ -39,7 +39,7 @@ Where each step happens (trl 1.16):
    micro-batch is the rollout policy and the entropies of the loss forward are used (and kept for
    the later passes).
 3. ``_compute_loss`` (``loss_type="gtpo"``): one forward (TRL's fused log-prob/entropy head),
-   :func:`~gtpo.method.effective_advantages` with ``<H>_i``, then ``POLICY_LOSSES["gtpo"]``
+   :func:`~gtpo.maths.method.effective_advantages` with ``<H>_i``, then ``POLICY_LOSSES["gtpo"]``
    with TRL's normalisation (below). TRL's per-token multipliers that combine with GTPO -- the
    top-entropy token mask (``top_entropy_quantile``), vLLM's importance-sampling ratio and the
    off-policy sequence mask -- multiply lambda in the loss; ``gtpo/weighted_token_frac`` is still
@@ -121,12 +121,12 @@ except ImportError as _err:  # pragma: no cover - exercised only without TRL
         f"(tested with trl 1.16); importing it failed: {_err}"
     ) from _err
 
-from .. import method
 from ..config import (DEFAULT_AGGREGATION, SHARED_VLLM_FIELDS, GTPOConfig, field_default, fields_where,
                       resolved)
 from ..errors import ConfigError, ConfigValueError
-from ..losses import POLICY_LOSSES, LossExtras
-from ..scoring import overlong_penalty
+from ..maths import method
+from ..maths.losses import POLICY_LOSSES, LossExtras
+from ..rewards.scoring import overlong_penalty
 
 __all__ = ["ENGINE_ONLY", "GTPO_METHOD_FIELDS", "OverlongPenalty", "RENAMED", "SHARED_VLLM_FIELDS", "TESTED_TRL",
            "TRLGTPOConfig", "TRLGTPOTrainer", "UNAVAILABLE", "check_trl_options", "drop_long_prompts",
@@ -469,12 +469,12 @@ class TRLGTPOConfig(GRPOConfig):
 
 def trl_precision(config: GTPOConfig, *, adapter: bool | None = None, cpu: bool = False) -> dict[str, Any]:
     """``model_init_kwargs`` and ``bf16`` of TRL's engine for ``config``, by gtpo's dtype rule
-    (:mod:`gtpo.setup`): the run's dtype (``dtype``; ``auto`` against this machine's GPU, or its CPU with
+    (:mod:`gtpo.run.build`): the run's dtype (``dtype``; ``auto`` against this machine's GPU, or its CPU with
     ``cpu``), weights loaded in it under an adapter (``adapter``; None: only a quantized base is taken to
     train one) and in float32 for full fine-tuning (float32 master weights under bf16 autocast: TRL's
     ``bf16``), a 4-bit base computing in it unless ``bnb_4bit_compute_dtype`` is set. The values stay
     JSON (dtype names, the quantization mapping), as TRL logs its config. bf16 on a CPU sets ``use_cpu``."""
-    from ..setup import precision_for, resolve_dtype
+    from ..run.build import precision_for, resolve_dtype
 
     kwargs = dict(config.model_init_kwargs or {})
     quant = kwargs.get("quantization_config")
@@ -512,7 +512,7 @@ _document_fields()
 # ----------------------------------------------------------------------------------------- rewards
 class OverlongPenalty:
     """DAPO's soft overlong punishment (Yu et al. 2025) as a TRL reward function:
-    :func:`gtpo.scoring.overlong_penalty` of each completion's length (``len(completion_ids[i])``, the
+    :func:`gtpo.rewards.scoring.overlong_penalty` of each completion's length (``len(completion_ids[i])``, the
     first EOS included, as gtpo's trainer counts it). Appended to the reward functions with weight 1
     when ``overlong_buffer_length > 0``."""
 
@@ -667,7 +667,7 @@ class TRLGTPOTrainer(GRPOTrainer):
         local = slice(rank * n, (rank + 1) * n)
         out: dict[str, torch.Tensor] = {}
 
-        # 1. exact zeros for zero-variance groups (as gtpo.advantages.group_advantages)
+        # 1. exact zeros for zero-variance groups (as gtpo.maths.advantages.group_advantages)
         rpf = self._gtpo_rewards
         rewards = (rpf * self.reward_weights.to(rpf.device).unsqueeze(0)).nansum(dim=1)  # (N_global,)
         rewards[torch.isnan(rpf).all(dim=1)] = torch.nan
@@ -675,7 +675,7 @@ class TRLGTPOTrainer(GRPOTrainer):
         advantages = torch.where(constant, torch.zeros_like(batch["advantages"]), batch["advantages"])
         out["advantages"] = advantages
 
-        # 2. per-group inputs on whole groups (gtpo.method.group_inputs): locally when this process holds whole
+        # 2. per-group inputs on whole groups (gtpo.maths.method.group_inputs): locally when this process holds whole
         #    groups (its rows are the contiguous slice `local` of the global batch), else on the gathered batch
         if cfg.resolved_conflict_masks or cfg.gamma_groups == "varying" or cfg.completion_sign != "all":
             whole = n % G == 0
@@ -835,7 +835,7 @@ class TRLGTPOTrainer(GRPOTrainer):
 # ----------------------------------------------------------------------------------------- gtpo train --engine trl
 def _metrics_record(logs: dict[str, Any], step: int) -> dict[str, Any]:
     """One ``metrics.jsonl`` line from a TRL log dict: TRL's names as they are (gtpo's trainer writes the same ones,
-    :mod:`gtpo.metric_names`), ``eval_x`` -> ``eval/x`` as TRL's trackers show them."""
+    :mod:`gtpo.run.metric_names`), ``eval_x`` -> ``eval/x`` as TRL's trackers show them."""
     record: dict[str, Any] = {"step": step}
     for key, value in logs.items():
         record["eval/" + key[len("eval_"):] if key.startswith("eval_") else key] = value
@@ -859,7 +859,7 @@ def metrics_file_callback(output_dir: str):
 def drop_long_prompts(dataset, tokenizer, limit: int):
     """``dataset`` without the prompts longer than ``limit`` tokens (chat template applied), as gtpo's trainer
     does (TRL's GRPOTrainer has no prompt-length limit)."""
-    from ..rollout import encode_prompts
+    from ..sampling.rollout import encode_prompts
 
     lengths = [len(ids) for ids in encode_prompts(tokenizer, list(dataset["prompt"]))]
     keep = [i for i, n in enumerate(lengths) if n <= limit]

@@ -11,9 +11,9 @@ the mean over the mini-batch's completions) whether ``actor_rollout_ref.actor.lo
 ``token-mean`` or ``seq-mean-token-mean`` (verl then uses that key only for its entropy metrics); the sum modes
 (``token-sum``, ``seq-mean-token-sum``, ``seq-mean-token-sum-norm``) name another reduction and are refused.
 
-The method is gtpo's, never a copy: :mod:`gtpo.method` composes it (the conflict inputs of whole groups from the
-UNSHAPED advantage signs, the entropy filter, ⟨H⟩_ini and the gamma shift, :func:`gtpo.method.token_advantages`) and
-``gtpo.losses.POLICY_LOSSES["gtpo"]`` is the loss, as in gtpo's own trainer and the TRL engine.
+The method is gtpo's, never a copy: :mod:`gtpo.maths.method` composes it (the conflict inputs of whole groups from the
+UNSHAPED advantage signs, the entropy filter, ⟨H⟩_ini and the gamma shift, :func:`gtpo.maths.method.token_advantages`) and
+``gtpo.maths.losses.POLICY_LOSSES["gtpo"]`` is the loss, as in gtpo's own trainer and the TRL engine.
 
 Where each step happens (verl 0.9.1, v1 trainer, ``verl/trainer/ppo/v1/trainer_base.py``):
 
@@ -25,7 +25,7 @@ Where each step happens (verl 0.9.1, v1 trainer, ``verl/trainer/ppo/v1/trainer_b
 2. The advantage step runs on the single controller over the whole rollout batch, after verl's batch balancing
    reordered the rows: rows are grouped by ``uid`` (:func:`group_rows`), every group must have
    ``actor_rollout_ref.rollout.n`` rows (verl's synthetic padding rows, which have no loss token, are left at 0).
-   Per group: rewards (``rm_scores`` summed), :func:`gtpo.advantages.group_advantages` (``scale_rewards``), the
+   Per group: rewards (``rm_scores`` summed), :func:`gtpo.maths.advantages.group_advantages` (``scale_rewards``), the
    conflict weights and counts on the response mask, the rows' mean token entropies ``<H>_i``, the filter and
    shift (⟨H⟩_ini from the first batch with the ``initial`` rule, kept in the checkpoint), then TOKEN-level
    advantages ``A_it = s * a_i * lambda_it / max(n_i, 1)`` (``s = G`` for ``completion_reduction="sum"``).
@@ -36,7 +36,7 @@ Where each step happens (verl 0.9.1, v1 trainer, ``verl/trainer/ppo/v1/trainer_b
    ``global_batch_info``: micro-batch losses divided by the mini-batch's row count, times ``dp_size`` because
    FSDP / Megatron average gradients over data-parallel ranks). Each optimizer step is then GTPO's loss over its
    mini-batch, whatever the row order and the micro-batch split: with ``lambda >= 0`` the token-level advantages
-   commute with the clip's ``min`` (:func:`gtpo.method.token_advantages`). With ``ppo_mini_batch_size =
+   commute with the clip's ``min`` (:func:`gtpo.maths.method.token_advantages`). With ``ppo_mini_batch_size =
    data.train_batch_size`` and ``ppo_epochs = 1`` (the configs in ``configs/verl/``) it is one GTPO update per
    rollout batch, as in the reference code.
 4. The log-prob temperature: verl computes the old and the training log-probs (and the entropies) at
@@ -69,11 +69,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import method
-from ..advantages import group_advantages
 from ..config import GTPOConfig, fields_where
 from ..errors import ConfigError
-from ..losses import POLICY_LOSSES, LossExtras
+from ..maths import method
+from ..maths.advantages import group_advantages
+from ..maths.losses import POLICY_LOSSES, LossExtras
 
 logger = logging.getLogger("gtpo")
 
@@ -313,7 +313,7 @@ class VerlAdvantages(NamedTuple):
 def gtpo_token_level_advantages(token_level_rewards: Tensor, response_mask: Tensor, index, responses: Tensor,
                                 entropy: Tensor | None, gtpo_config: GTPOConfig, *,
                                 initial_entropy: float | None = None) -> VerlAdvantages:
-    """GTPO's token-level advantages of a verl batch (:mod:`gtpo.method` on the rows grouped by ``uid``).
+    """GTPO's token-level advantages of a verl batch (:mod:`gtpo.maths.method` on the rows grouped by ``uid``).
 
     Args:
         token_level_rewards: ``(N, T)`` verl's rewards (``rm_scores``); a row's reward is their sum.

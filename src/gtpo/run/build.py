@@ -32,7 +32,7 @@ from typing import Any, Collection, Iterable
 import torch
 from torch import nn
 
-from .config import GTPOConfig
+from ..config import GTPOConfig
 
 __all__ = ["AVX512_BF16_FLAG", "FAST_BF16_CPU_FLAGS", "Precision", "build_optimizer", "build_reference_model",
            "build_scheduler", "add_adapter", "check_quantized_placement", "cpu_flags", "cpu_vendor", "has_native_bf16",
@@ -197,7 +197,7 @@ def _device_index(device: torch.device) -> int:
 
 def policy_load_kwargs(user_kwargs: dict | None, precision: Precision, device: torch.device) -> dict[str, Any]:
     """The ``from_pretrained`` keyword arguments of the policy: ``model_init_kwargs``
-    (:func:`gtpo.models.model_init_kwargs`: dtype names, quantization mappings) with ``dtype`` the
+    (:func:`gtpo.run.models.model_init_kwargs`: dtype names, quantization mappings) with ``dtype`` the
     precision's ``load`` dtype, a 4-bit base computing in the run's dtype unless its
     ``bnb_4bit_compute_dtype`` is set, and on a GPU ``device_map={"": this process's device index}``
     unless ``device_map`` is given (each DDP process loads onto its own GPU; bitsandbytes would put
@@ -250,7 +250,7 @@ def prepare_quantized_base(model: nn.Module, precision: Precision) -> nn.Module:
     (embeddings, norms, LM head) held in the precision's ``load`` dtype (peft's
     ``prepare_model_for_kbit_training`` would upcast them to float32: a float32 head of 128k x 4096 is
     2 GB more and a float32 head matmul; TRL keeps them in bfloat16 too), and bitsandbytes' CPU repacking
-    switched off (:func:`gtpo.models.keep_4bit_weights_trainable`)."""
+    switched off (:func:`gtpo.run.models.keep_4bit_weights_trainable`)."""
     from .models import keep_4bit_weights_trainable
 
     for param in model.parameters():

@@ -675,7 +675,7 @@ def resolve_reward(spec: Any) -> Callable[..., Any]:
 
     * a callable: returned as is (``async def`` functions too: the scorer awaits them); a
       ``torch.nn.Module`` (a sequence-classification model, as TRL takes it) becomes a
-      :class:`gtpo.scoring.SequenceClassificationReward` with its tokenizer;
+      :class:`gtpo.rewards.scoring.SequenceClassificationReward` with its tokenizer;
     * a built-in name, a key of :data:`REWARD_FUNCTIONS` (``"paper"``, ``"correctness"``, ...);
     * one of TRL's reward names (:data:`TRL_REWARDS`: ``accuracy_reward``, ``think_format_reward``, ...; they read
       conversational completions and TRL's ``solution`` column);
@@ -683,7 +683,7 @@ def resolve_reward(spec: Any) -> Callable[..., Any]:
       ``"package.module.function"`` too (the current directory importable, as ``trl grpo`` does);
     * ``"path/to/file.py:function"``: the file is loaded as a module (``importlib.util``);
     * a local directory holding a sequence-classification model, or a hub model id ``org/name`` (TRL's
-      ``reward_model_name_or_path``): the model and its tokenizer (:class:`~gtpo.scoring.SequenceClassificationReward`).
+      ``reward_model_name_or_path``): the model and its tokenizer (:class:`~gtpo.rewards.scoring.SequenceClassificationReward`).
 
     Raises ValueError naming the spec and what is wrong: an unknown name (listing the
     built-in names), a missing module or file, a missing or non-callable attribute, a model that is

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .config import COMPLETION_SIGNS, FILTER_SCOPES, GTPO_GAMMA, SCALE_REWARDS
+from ..config import COMPLETION_SIGNS, FILTER_SCOPES, GTPO_GAMMA, SCALE_REWARDS
 from .ops import _check_group_size, _check_option, _check_shape, _check_tensor
 
 __all__ = ["entropy_control", "entropy_keep_mask", "group_advantages", "shape_advantages", "sign_mask",

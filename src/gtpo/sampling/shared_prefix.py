@@ -3,9 +3,9 @@
 The G completions of a prompt share its tokens, so both passes over a rollout compute each
 prompt once per group instead of G times [D]:
 
-* sampling (:func:`gtpo.decode.prefill_shared`) runs the decoder once over each distinct prompt
+* sampling (:func:`gtpo.sampling.decode.prefill_shared`) runs the decoder once over each distinct prompt
   (all but its last token) and copies the key/value cache to the G rows of the group;
-* the training forward (:func:`gtpo.policy.completion_hidden_states`) does the same WITH
+* the training forward (:func:`gtpo.sampling.policy.completion_hidden_states`) does the same WITH
   gradients: the cache rows of a group are an index-select of one prompt forward, so autograd
   sums the G gradients into it. The result equals the plain forward over the ``(N, S + T)`` batch
   up to float rounding, with ``(G-1)/G`` of the prompt tokens' forward and backward work saved.

@@ -2,7 +2,7 @@
 
 :class:`PolicyForward` wraps a causal LM so that distributed wrappers (DDP) see one module whose
 ``forward`` runs the decoder over the prompts and completions (each group's prompt once,
-:func:`completion_hidden_states`) and the chunked LM head (:func:`gtpo.ops.token_logprobs_and_entropy`):
+:func:`completion_hidden_states`) and the chunked LM head (:func:`gtpo.maths.ops.token_logprobs_and_entropy`):
 the ``(N, T, V)`` logits never exist at once.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .models import unwrap_peft
-from .ops import token_logprobs_and_entropy
+from ..maths.ops import token_logprobs_and_entropy
+from ..run.models import unwrap_peft
 from .padding import position_ids
 from .shared_prefix import cache_kwarg, prompt_groups, shared_prompt_cache, sharing_is_exact
 

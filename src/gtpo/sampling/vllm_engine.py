@@ -18,7 +18,7 @@
   generates several times slower than the merged model, which costs more than the merge.
 * **sampling** (:meth:`~VLLMEngine.generate`): token-id prompts, ``n = G`` completions each, one
   seed per prompt drawn from torch's global generator (so runs are reproducible and resume exactly
-  from a checkpoint's RNG state), stop at any EOS id, returned as a :class:`gtpo.rollout.Rollout`
+  from a checkpoint's RNG state), stop at any EOS id, returned as a :class:`gtpo.sampling.rollout.Rollout`
   with ``sampling_logp (N, T)``: the log-probs vLLM gave its sampled tokens, in ``logprobs_mode``
   (``processed_logprobs``: of the distribution it sampled from; ``raw_logprobs``: of the raw logits).
 
@@ -113,7 +113,7 @@ def require_vllm(what: str = "use_vllm") -> None:
 
 # ----------------------------------------------------------------------------------------- weights
 def _lora_merged_weight(module) -> torch.Tensor:
-    """``W + sum_a delta_a`` of a peft LoRA layer (:func:`gtpo.lora_merge.lora_merged_weight`), its
+    """``W + sum_a delta_a`` of a peft LoRA layer (:func:`gtpo.sampling.lora_merge.lora_merged_weight`), its
     error naming ``use_vllm``."""
     try:
         return lora_merged_weight(module)
@@ -173,7 +173,7 @@ def rollout_from_outputs(outputs: Sequence[Any], prompt_ids: Sequence[Sequence[i
     ``outputs[p].outputs`` holds the ``num_samples`` ``CompletionOutput`` of prompt ``p`` (ordered by
     their ``index``); each has ``token_ids`` (the EOS that stopped it included) and, with
     ``with_logprobs``, ``logprobs``: per position a mapping ``token id -> Logprob(logprob, ...)`` holding
-    the sampled token. The layout is :func:`gtpo.rollout.generate`'s (completions right-padded with
+    the sampled token. The layout is :func:`gtpo.sampling.rollout.generate`'s (completions right-padded with
     ``pad_id``; the mask covers the tokens through the first EOS, from the completions' lengths, so a pad
     id that is also an EOS id is never mistaken for one; ``truncated`` where no EOS ended the
     completion; texts decoded without special tokens), so every later step sees the same batch whichever

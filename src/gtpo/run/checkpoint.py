@@ -34,7 +34,7 @@ import secrets
 import shutil
 from typing import Any
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 logger = logging.getLogger("gtpo")
 

@@ -1,6 +1,6 @@
 """The GTPO method composed once (arXiv 2508.03772; gtpo-method.md §3-§6): every engine calls this module.
 
-The maths lives in pure functions (:mod:`gtpo.advantages`, :mod:`gtpo.conflict`, :mod:`gtpo.losses`); this
+The maths lives in pure functions (:mod:`gtpo.maths.advantages`, :mod:`gtpo.maths.conflict`, :mod:`gtpo.maths.losses`); this
 module composes them the way GTPO uses them, from a rollout's tensors to the loss inputs, so that gtpo's own
 trainer (:mod:`gtpo.trainer`), TRL's engine (:mod:`gtpo.integrations.trl`) and verl's
 (:mod:`gtpo.integrations.verl`) hold no copy of the composition:
@@ -14,9 +14,9 @@ trainer (:mod:`gtpo.trainer`), TRL's engine (:mod:`gtpo.integrations.trl`) and v
    :func:`initial_entropy_value`): the mean over the completions with loss tokens of their mean token entropy,
    measured once on the first batch [P];
 4. :func:`effective_advantages` per row (any micro-batch): the entropy filter and the ``-gamma <H>_i`` shift
-   (:func:`gtpo.advantages.entropy_control`, with the ROLLOUT policy's completion entropies), then the sign
+   (:func:`gtpo.maths.advantages.entropy_control`, with the ROLLOUT policy's completion entropies), then the sign
    control;
-5. the loss: ``gtpo.losses.POLICY_LOSSES[loss_type](logp, old_logp, advantages, mask, extras, config)``; or, for an
+5. the loss: ``gtpo.maths.losses.POLICY_LOSSES[loss_type](logp, old_logp, advantages, mask, extras, config)``; or, for an
    engine whose policy loss takes TOKEN-level advantages and averages per completion then over completions (verl),
    :func:`token_advantages`: the effective advantages times lambda, over ``max(n_conflict, 1)``, times ``G`` for
    ``completion_reduction="sum"``, so that the plain PPO-clip surrogate reduced that way is GTPO's loss.
@@ -38,8 +38,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ..config import GTPOConfig
 from .advantages import entropy_control, sign_mask, varying_groups
-from .config import GTPOConfig
 from .conflict import conflict_runs, conflict_weights
 from .ops import _check_group_size, _check_shape, _check_tensor, masked_mean
 
@@ -155,7 +155,7 @@ def effective_advantages(advantages: Tensor, seq_entropy: Tensor | None, config:
 
     ``advantages (M,)`` unshaped; ``seq_entropy (M,)`` the ROLLOUT policy's mean token entropies ``<H>_i``
     (frozen over the ``num_iterations`` passes [D]; needed when ``config.entropy_control``);
-    :func:`gtpo.advantages.entropy_control` with ``config.shaping_kwargs()``, ``initial_entropy`` (⟨H⟩_ini, when
+    :func:`gtpo.maths.advantages.entropy_control` with ``config.shaping_kwargs()``, ``initial_entropy`` (⟨H⟩_ini, when
     :func:`uses_initial_entropy`) and ``shift_mask (M,)`` (``gamma_groups="varying"``); then ``sign_rows (M,)``
     bool (``completion_sign``) zeroes the other rows.
     """
@@ -180,7 +180,7 @@ def effective_advantages(advantages: Tensor, seq_entropy: Tensor | None, config:
 def constant_groups(rewards: Tensor, group_size: int) -> Tensor:
     """``(N,)`` bool: True on the rows of groups whose ``rewards (N,)`` are all equal (NaN rewards, rows no
     reward function scored, are ignored). Their advantages must be exactly 0 -- as
-    :func:`gtpo.advantages.group_advantages` gives them -- for the conflict masks: an engine's own advantages (a
+    :func:`gtpo.maths.advantages.group_advantages` gives them -- for the conflict masks: an engine's own advantages (a
     float mean) can leave a +-1e-8 residue that would make such a group "active"."""
     _check_tensor("rewards", rewards, ndim=1)
     _check_group_size(group_size, rewards.shape[0], "rewards")
@@ -209,7 +209,7 @@ def token_advantages(advantages: Tensor, inputs: GroupInputs, mask: Tensor, conf
     ``POLICY_LOSSES["gtpo"]`` reads it), ``s = G`` for ``completion_reduction="sum"`` (the sum over a group, mean
     over groups, is ``G`` times the mean over completions) and 1 for ``"mean"``. Since ``lambda, d, s >= 0``,
     ``-min(r A_it, clip(r) A_it) = (s lambda_it / d_i) * -min(r a_i, clip(r) a_i)``: the reduced surrogate equals
-    :func:`gtpo.losses.gtpo_loss` (loss and gradient) for any ratio ``r``, clipped or not.
+    :func:`gtpo.maths.losses.gtpo_loss` (loss and gradient) for any ratio ``r``, clipped or not.
 
     Raises ValueError for a negative ``pos_weight`` / ``neg_weight`` (a negative lambda does not commute with the
     clip's ``min``: no token-level advantage reproduces it).

@@ -8,7 +8,7 @@ with inverse-CDF sampling (:func:`sample_categorical`) instead of ``torch.multin
 that reached EOS leave the batch: the decoding work follows the unfinished rows, not the longest
 one. The same distribution as ``generate``, another random stream. :func:`prefill` and
 :func:`prefill_shared` fill the cache with the prompts (the latter once per group of identical
-prompts, :mod:`gtpo.shared_prefix`).
+prompts, :mod:`gtpo.sampling.shared_prefix`).
 
 Three things keep the loop's own work per token small (docs/performance.md, "The decoding loop"):
 the key/value cache grows in place in buffers sized for the whole completion
@@ -26,7 +26,7 @@ import inspect
 
 import torch
 
-from .models import unwrap_peft
+from ..run.models import unwrap_peft
 from .padding import position_ids
 from .shared_prefix import cache_kwarg, plain_dynamic_cache, prompt_groups, shared_prompt_cache
 

@@ -2,8 +2,8 @@
 
 Rows are prompt-major: completion ``s`` of prompt ``p`` is row ``p * num_samples + s``, the layout
 every maths function of the package expects (``rewards (N,)`` with ``N = P * G``).
-:func:`generate` samples with gtpo's decoding loop (:mod:`gtpo.decode`) or transformers
-``generate``, each distinct prompt prefilled once (:mod:`gtpo.shared_prefix`);
+:func:`generate` samples with gtpo's decoding loop (:mod:`gtpo.sampling.decode`) or transformers
+``generate``, each distinct prompt prefilled once (:mod:`gtpo.sampling.shared_prefix`);
 :class:`PromptSampler` is the seeded, resumable data order.
 """
 
@@ -31,7 +31,7 @@ logger = logging.getLogger("gtpo")
 class SamplingParams:
     """How completions are sampled: built once (:meth:`for_rollout`, :meth:`for_evaluation`) and passed to every
     sampler as it is (gtpo's decoding loop and transformers ``generate`` in :func:`generate`, vLLM in
-    :meth:`gtpo.vllm_engine.VLLMEngine.generate`, the in-training evaluation).
+    :meth:`gtpo.sampling.vllm_engine.VLLMEngine.generate`, the in-training evaluation).
 
     Attributes:
         max_new_tokens: T, the most tokens a completion gets.
@@ -96,7 +96,7 @@ class Rollout:
         truncated: ``(N,)`` bool, True where no EOS was produced within ``max_new_tokens``.
         texts: ``N`` decoded completions (special tokens skipped).
         sampling_logp: ``(N, T)`` float32 log-probs the sampler gave its sampled tokens (vLLM:
-            :mod:`gtpo.vllm_engine`), 0 outside ``completion_mask``; None when the sampler gives none
+            :mod:`gtpo.sampling.vllm_engine`), 0 outside ``completion_mask``; None when the sampler gives none
             (gtpo's decoding loop and transformers ``generate``, whose log-probs are the policy's own).
     """
 
@@ -238,7 +238,7 @@ def generate(
             the batch) where :func:`decode_loop_config` says it covers the settings; False, or
             settings it does not cover, use ``model.generate``.
         merge_lora: sample with the float32/float64 LoRA layers of a peft model replaced by plain
-            linear layers holding their merged weights (:func:`gtpo.lora_merge.merged_lora_layers`:
+            linear layers holding their merged weights (:func:`gtpo.sampling.lora_merge.merged_lora_layers`:
             one matmul per layer instead of three; the model is left unchanged, one copy of the
             adapted weights is held while sampling); the same distribution up to float rounding.
         settings: ``SamplingParams``' fields as keywords instead of ``sampling`` (``max_new_tokens=8,

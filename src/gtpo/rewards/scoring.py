@@ -30,8 +30,8 @@ from typing import Any, Callable
 
 import torch
 
-from .errors import RewardFunctionError
-from .rollout import Rollout
+from ..errors import RewardFunctionError
+from ..sampling.rollout import Rollout
 
 __all__ = ["RewardScorer", "ScoredBatch", "SequenceClassificationReward", "overlong_penalty"]
 

@@ -9,7 +9,7 @@ layer for a plain ``torch.nn.Linear`` holding the merged weight for the duration
 puts the original layers back after: the trained weights are never touched (no merge/unmerge
 rounding accumulates in them, and resuming stays exact), at the cost of one copy of the adapted
 weights while the block runs. :func:`lora_merged_weight` is the merged weight of one layer (also
-what :mod:`gtpo.vllm_engine` sends vLLM).
+what :mod:`gtpo.sampling.vllm_engine` sends vLLM).
 
 The merged layer's output equals the LoRA layer's up to float rounding (the sum is formed in the
 weights instead of in the activations). That is why only float32/float64 base weights are merged

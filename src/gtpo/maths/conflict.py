@@ -46,7 +46,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .config import CONFLICT_COMBINE, CONFLICT_COUNT
+from ..config import CONFLICT_COMBINE, CONFLICT_COUNT
 from .ops import _check_group_size, _check_option, _check_shape, _check_tensor
 
 __all__ = ["conflict_runs", "conflict_weights"]

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .config import AGGREGATIONS
+from ..config import AGGREGATIONS
 
 __all__ = [
     "aggregate",

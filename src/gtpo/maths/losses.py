@@ -11,12 +11,12 @@ Every loss starts from the per-token PPO-clip surrogate (Schulman et al. 2017; D
 With ``old_logp=None`` the update is on-policy: ``r = exp(logp - stopgrad(logp))`` has value 1
 and its gradient is the REINFORCE gradient ``-A grad(logp)`` (the reference GTPO code's
 ``ratio``) [C]. Clipping is then never active. Optional per-token weights ``token_weights``
-(GTPO's conflict weights lambda, :func:`gtpo.conflict.conflict_weights`) multiply ``l_t``.
+(GTPO's conflict weights lambda, :func:`gtpo.maths.conflict.conflict_weights`) multiply ``l_t``.
 
 * :func:`grpo_loss` (Shao et al. 2024): aggregation ``seq_mean_token_mean``, optional k3 KL to a
   reference model ``beta * k3(ref, logp)`` per token.
 * :func:`dr_grpo_loss` (Liu et al. 2025): aggregation ``constant`` (sum / (max_completion_length
-  * N)); its advantages are not std-scaled (chosen in :func:`gtpo.advantages.group_advantages`).
+  * N)); its advantages are not std-scaled (chosen in :func:`gtpo.maths.advantages.group_advantages`).
 * :func:`dapo_loss` (Yu et al. 2025): aggregation ``token_mean``; clip-higher via ``eps_high``.
   The KL term is accepted for ``dr_grpo`` and ``dapo`` too (as in TRL), though their papers drop it.
 * :func:`gtpo_loss` (Simoni et al. 2026, arXiv 2508.03772, gtpo-method.md §4-§6): per-token
@@ -25,7 +25,7 @@ and its gradient is the REINFORCE gradient ``-A grad(logp)`` (the reference GTPO
   completions of a group and averaged over groups (reference code [C], ``completion_reduction=
   "sum"``) or averaged over completions (the paper's ``1/G`` [P], ``"mean"``). No KL (GTPO drops
   the reference model [P][C]). The advantages it receives are already shaped by the entropy
-  filter and the ``-gamma <H>_i`` shift (:func:`gtpo.advantages.shape_advantages`, applied by the
+  filter and the ``-gamma <H>_i`` shift (:func:`gtpo.maths.advantages.shape_advantages`, applied by the
   trainer, which also computed lambda from the UNSHAPED signs, the reference code's order [C]).
 
 With a sampler other than the trained model (vLLM), ``is_weights`` (detached, from
@@ -46,7 +46,7 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from .config import DEFAULT_AGGREGATION, LOSS_TYPES, VLLM_IS_MODES, GTPOConfig
+from ..config import DEFAULT_AGGREGATION, LOSS_TYPES, VLLM_IS_MODES, GTPOConfig
 from .ops import _check_shape, _check_tensor, aggregate, masked_mean
 
 #: ``mode`` of :func:`sampler_importance_weights` (TRL's ``vllm_importance_sampling_mode`` values)
@@ -210,7 +210,7 @@ def grpo_loss(
         ref_logp: ``(N, T)`` reference-model log-probs (needed when ``beta > 0``).
         beta: KL coefficient.
         eps_low, eps_high: clip range ``[1 - eps_low, 1 + eps_high]``; ``eps_high=None`` -> eps_low.
-        aggregation: ``token_mean | seq_mean_token_mean | constant`` (:func:`gtpo.ops.aggregate`);
+        aggregation: ``token_mean | seq_mean_token_mean | constant`` (:func:`gtpo.maths.ops.aggregate`);
             None: ``seq_mean_token_mean``.
         max_completion_length: the ``constant`` aggregation's normaliser.
         num_sequences, num_tokens: GLOBAL counts of the whole rollout batch (default: this batch's)
@@ -279,9 +279,9 @@ def gtpo_loss(
         logp: ``(N, T)`` current-policy log-probs of the sampled tokens, with grad.
         completion_mask: ``(N, T)`` 1 on generated tokens incl. the first EOS.
         advantages: ``(N,)`` SHAPED advantages (entropy filter and gamma shift applied:
-            :func:`gtpo.advantages.shape_advantages`).
+            :func:`gtpo.maths.advantages.shape_advantages`).
         token_weights: ``(N, T)`` conflict weights lambda (None -> 1).
-        n_conflict: ``(N,)`` conflict counts from :func:`gtpo.conflict.conflict_weights`;
+        n_conflict: ``(N,)`` conflict counts from :func:`gtpo.maths.conflict.conflict_weights`;
             ``divide_by_conflict_count`` divides each completion's loss by ``max(n, 1)`` [C].
         old_logp, eps_low, eps_high: as :func:`grpo_loss` (with several updates per batch [D]).
         completion_reduction: ``"sum"`` over the completions of each group, averaged over groups
@@ -372,7 +372,7 @@ def _clipped_policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tens
 #:     POLICY_LOSSES[config.loss_type](logp, old_logp, advantages, completion_mask, extras, config) -> LossOutput
 #:
 #: ``logp (N, T)`` with grad, ``old_logp (N, T)`` or None (on-policy: ratio value 1), ``advantages (N,)`` as they
-#: multiply the gradient (GTPO's already shaped: :func:`gtpo.method.effective_advantages`), ``completion_mask
+#: multiply the gradient (GTPO's already shaped: :func:`gtpo.maths.method.effective_advantages`), ``completion_mask
 #: (N, T)``, :class:`LossExtras`, the :class:`gtpo.GTPOConfig` (hyperparameters). The keyword functions above
 #: (:func:`gtpo_loss`, :func:`grpo_loss`, ...) are the maths; these entries only read the config.
 POLICY_LOSSES: dict[str, Callable[..., LossOutput]] = {
