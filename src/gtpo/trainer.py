@@ -19,14 +19,14 @@ One step (:meth:`GTPOTrainer.step`), top to bottom:
    every loss) with the normalisers of the whole batch (with vLLM: times the truncated importance weights of the sampler
    mismatch, :func:`gtpo.maths.losses.sampler_importance_weights`); gradients are clipped, non-finite updates
    skipped;
-6. **metrics** to ``metrics.jsonl`` (and trackers); sample completions, checkpoints and evaluation
-   in :meth:`~GTPOTrainer.train`.
+6. **metrics** (:func:`gtpo.run.step_metrics.step_metrics`) to ``metrics.jsonl`` (and trackers); sample
+   completions, checkpoints and evaluation in :meth:`~GTPOTrainer.train`.
 
-The run directory (checks, logs, atomic checkpoints, exact resume, final model) is
-:class:`gtpo.run.checkpoint.RunDirectory`. SIGTERM / SIGINT finish the step and save; NaN/inf updates
-are never applied (``max_consecutive_skips`` in a row raise :class:`gtpo.errors.TrainingStopped`);
-bad input raises ``ValueError`` naming what and where. GTPO never loads a reference model;
-GRPO/Dr.GRPO/DAPO load one only when ``beta > 0`` (with LoRA the adapter is disabled instead).
+What the update takes and returns is :mod:`gtpo.run.update`. The run directory (checks, logs, atomic checkpoints,
+exact resume, final model) is :class:`gtpo.run.checkpoint.RunDirectory`. SIGTERM / SIGINT finish the step and save
+(:mod:`gtpo.run.signals`); NaN/inf updates are never applied (``max_consecutive_skips`` in a row raise
+:class:`gtpo.errors.TrainingStopped`); bad input raises ``ValueError`` naming what and where. GTPO never loads a
+reference model; GRPO/Dr.GRPO/DAPO load one only when ``beta > 0`` (with LoRA the adapter is disabled instead).
 """
 
 from __future__ import annotations
@@ -35,9 +35,7 @@ import contextlib
 import logging
 import os
 import signal
-import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -48,12 +46,15 @@ from .data.loaders import as_dataset
 from .errors import TrainingStopped
 from .maths import method
 from .maths.advantages import group_advantages
-from .maths.losses import POLICY_LOSSES, LossExtras, sampler_importance_weights
+from .maths.losses import POLICY_LOSSES
 from .rewards.scoring import RewardScorer, ScoredBatch, overlong_penalty
+from .run.build import check_distributed_type, cpu_only
 from .run.checkpoint import RESUME_HINT, RunDirectory
 from .run.diagnostics import NoSignalCounter, policy_change_sums, probe_probabilities, signal_counts
-from .run.metric_names import canonical_name
+from .run.signals import install_stop_handlers, restore_handlers, stop_requested
+from .run.step_metrics import step_metrics
 from .run.trackers import check_trackers, start_trackers
+from .run.update import SamplerStats, UpdateInputs, UpdateResult
 from .sampling.policy import PolicyForward
 from .sampling.rollout import PromptSampler, Rollout, SamplingParams, encode_dataset_prompts, eos_token_ids, generate
 
@@ -64,130 +65,6 @@ logger = logging.getLogger("gtpo")
 
 # config fields that may change between a run and its resume without changing what is trained (``_f(resumable=True)``)
 RESUMABLE_CHANGES = frozenset(fields_where("resumable", True))
-
-
-def cpu_only() -> bool:
-    """True when no accelerator device is present: the run is on CPU, and with several processes
-    (accelerate launch / torchrun) DDP over gloo. Every accelerate state of a run must be created with
-    ``cpu=cpu_only()``: accelerate's process state is a singleton, and one created first without it
-    (``PartialState()``) makes every process of a CPU launch a single-process run."""
-    return not (torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()))
-
-
-def check_distributed_type(distributed_type) -> None:
-    """Refuse the accelerate setups this trainer does not implement (FSDP, DeepSpeed): it samples with the
-    unwrapped model, saves model and optimizer from the main process and steps the optimizer itself, all
-    of which assume every process holds the whole model. DDP (several processes, each a full replica)
-    and single-device runs are what it supports; TRL's engine runs GTPO under FSDP and DeepSpeed."""
-    name = getattr(distributed_type, "value", str(distributed_type)).upper()
-    if name in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
-        raise ValueError(
-            f"gtpo's own trainer does not support accelerate's {name} (it samples with the unwrapped model and saves "
-            "model and optimizer from the main process, which assumes full replicas): launch it with plain DDP "
-            "(accelerate launch --multi_gpu --num_processes N -m gtpo.cli train ...), or train with TRL's engine, "
-            "which shards with FSDP/DeepSpeed: engine: trl in the YAML (--engine trl)"
-        )
-
-
-@dataclass
-class UpdateInputs:
-    """What the update needs besides the rollout and the advantages (this process's ``N`` rows).
-
-    ``mask (N, T)`` float, the loss mask (truncated completions removed with
-    ``mask_truncated_completions``); ``token_weights (N, T)`` and ``n_conflict (N,)`` the conflict
-    weights (None without conflict masks); ``conflict_frac`` the share of masked tokens in a conflict
-    run; ``shift_mask (N,)`` the rows the gamma shift reaches (None: all); ``sign_mask (N,)`` the rows
-    a ``completion_sign`` control trains on (None: all); ``initial_entropy`` ⟨H⟩_ini (the paper's rule)
-    or None; ``ref_logp (N, T)`` the reference model's log-probs (``beta > 0``) or None.
-    """
-
-    mask: torch.Tensor
-    token_weights: torch.Tensor | None
-    n_conflict: torch.Tensor | None
-    conflict_frac: torch.Tensor
-    shift_mask: torch.Tensor | None
-    sign_mask: torch.Tensor | None
-    initial_entropy: float | None
-    ref_logp: torch.Tensor | None
-
-
-@dataclass
-class UpdateResult:
-    """What :meth:`GTPOTrainer.update` did: the last pass's ``loss`` (0-dim), ``grad_norm`` (0-dim),
-    ``skipped_updates`` (non-finite passes not applied), ``metrics`` (loss metrics summed over rows of
-    the first pass), ``entropy_sum`` (token entropies summed over the mask), ``signal`` (3,) counts of
-    :meth:`GTPOTrainer._signal_counts`, ``seq_entropy (N,)`` the rollout policy's completion entropies,
-    ``policy_change`` (``log_policy_change`` metrics) and ``sampler`` (with vLLM: the log-prob gap and
-    importance-weight metrics of this process, :meth:`GTPOTrainer._sampler_metrics`)."""
-
-    loss: torch.Tensor
-    grad_norm: torch.Tensor
-    skipped_updates: int
-    metrics: dict[str, torch.Tensor]
-    entropy_sum: torch.Tensor
-    signal: torch.Tensor
-    seq_entropy: torch.Tensor
-    policy_change: dict[str, torch.Tensor]
-    sampler: dict[str, torch.Tensor] | None = None
-
-
-class _SamplerStats:
-    """The step's comparison of the sampler's log-probs (vLLM) with the trainer's ``pi_old`` (its own log-probs
-    of the same tokens in the first pass, at ``logprob_temperature``), and the importance weights of
-    ``vllm_importance_sampling_correction`` (:func:`gtpo.maths.losses.sampler_importance_weights`), over this
-    process's masked tokens:
-
-    ``vllm/logprob_gap_mean`` / ``_max``: mean and max of ``|log pi_old - log pi_vllm|``;
-    ``vllm/logprob_diff_mean``: mean of ``log pi_old - log pi_vllm`` (its sign shows a bias);
-    with the correction, ``vllm/is_weight_mean`` / ``_min`` / ``_max`` and ``vllm/is_bounded_frac`` (tokens
-    whose ratio was clipped or masked)."""
-
-    def __init__(self, device, args: GTPOConfig):
-        zero = torch.zeros((), device=device)
-        self.sums = {"gap": zero.clone(), "diff": zero.clone(), "tokens": zero.clone(), "is": zero.clone(),
-                     "bounded": zero.clone()}
-        self.gap_max = zero.clone()
-        self.is_min = self.is_max = None
-        self.args = args
-        self.correct = args.resolved_vllm_importance_sampling_correction
-
-    def observe(self, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor, *, first: bool
-                ) -> torch.Tensor | None:
-        """Record the gap (``first`` pass only) of a micro-batch; return its IS weights with the correction."""
-        args, correct = self.args, self.correct
-        m = mask.float()
-        if first:
-            diff = (old - sampling) * m
-            self.sums["gap"] += diff.abs().sum()
-            self.sums["diff"] += diff.sum()
-            self.sums["tokens"] += m.sum()
-            if m.any():
-                self.gap_max = torch.maximum(self.gap_max, diff.abs().max())
-        if not correct:
-            return None
-        weights, metrics = sampler_importance_weights(
-            old, sampling, mask, mode=args.vllm_importance_sampling_mode,
-            clip_min=args.vllm_importance_sampling_clip_min, clip_max=args.vllm_importance_sampling_clip_max)
-        if first:
-            self.sums["is"] += (weights * m).sum()
-            self.sums["bounded"] += metrics["vllm/is_bounded_frac"] * m.sum()
-            if m.any():
-                low, high = metrics["vllm/is_weight_min"], metrics["vllm/is_weight_max"]
-                self.is_min = low if self.is_min is None else torch.minimum(self.is_min, low)
-                self.is_max = high if self.is_max is None else torch.maximum(self.is_max, high)
-        return weights
-
-    def metrics(self) -> dict[str, torch.Tensor]:
-        tokens = self.sums["tokens"].clamp(min=1)
-        out = {"vllm/logprob_gap_mean": self.sums["gap"] / tokens, "vllm/logprob_gap_max": self.gap_max,
-               "vllm/logprob_diff_mean": self.sums["diff"] / tokens}
-        if self.correct:  # the same keys on every process (the metrics are reduced together)
-            one = torch.ones_like(self.gap_max)
-            out.update({"vllm/is_weight_mean": self.sums["is"] / tokens,
-                        "vllm/is_weight_min": one if self.is_min is None else self.is_min,
-                        "vllm/is_weight_max": one if self.is_max is None else self.is_max,
-                        "vllm/is_bounded_frac": self.sums["bounded"] / tokens})
-        return out
 
 
 class GTPOTrainer:
@@ -385,8 +262,8 @@ class GTPOTrainer:
             self.global_step, acc.reduce(result.signal, "sum"), skipped=result.skipped_updates > 0,
             seq_entropy=result.seq_entropy, mask=inputs.mask, threshold=a.entropy_threshold, temperature=a.temperature)
         self.last_batch = batch
-        return self._metrics(batch, all_rewards, inputs, result, stats, no_signal,
-                             times=(time.perf_counter() - t0, t_gen, t_upd))
+        return step_metrics(self, batch, all_rewards, inputs, result, stats, no_signal,       # 6. metrics
+                            times=(time.perf_counter() - t0, t_gen, t_upd))
 
     # ------------------------------------------------------------------ 1-2. rollout and score
     @property
@@ -554,7 +431,7 @@ class GTPOTrainer:
         before = [p.detach().clone() for p in params] if a.log_policy_change else None
         skipped = 0
         batches = self._micro_batches(n)
-        sampler = _SamplerStats(dev, a) if rollout.sampling_logp is not None else None
+        sampler = SamplerStats(dev, a) if rollout.sampling_logp is not None else None
         for it in range(a.num_iterations):
             loss_total = torch.zeros((), device=dev)
             for k, index in enumerate(batches):
@@ -572,8 +449,8 @@ class GTPOTrainer:
                     if sampler is not None:  # vLLM sampled these tokens: its gap to pi_old, the IS weights
                         old = logp.detach() if it == 0 else first_logp[index]
                         is_weights = sampler.observe(old, rollout.sampling_logp[index].to(dev), m, first=it == 0)
-                    extras = self._loss_extras(inputs, index, is_weights, num_sequences=n * world,
-                                               num_tokens=num_tokens)
+                    extras = inputs.loss_extras(index, is_weights, device=dev, num_sequences=n * world,
+                                                num_tokens=num_tokens)
                     old_logp = first_logp[index] if it > 0 else None
                     out = self.loss_fn(logp, old_logp, eff, m, extras, a)
                     acc.backward(out.loss * world)
@@ -609,19 +486,6 @@ class GTPOTrainer:
         return method.effective_advantages(advantages, seq_entropy, self.args, initial_entropy=inputs.initial_entropy,
                                            shift_mask=rows(inputs.shift_mask), sign_rows=rows(inputs.sign_mask))
 
-    def _loss_extras(self, inputs: UpdateInputs, index: slice, is_weights: torch.Tensor | None, *,
-                     num_sequences: int, num_tokens: int) -> LossExtras:
-        """The loss's optional tensors of the rows ``index`` (conflict weights and counts, reference log-probs,
-        the sampler's importance weights) and the whole batch's normalisers."""
-        dev = self.accelerator.device
-
-        def rows(t):
-            return None if t is None else t[index].to(dev)
-
-        return LossExtras(token_weights=rows(inputs.token_weights), n_conflict=rows(inputs.n_conflict),
-                          ref_logp=rows(inputs.ref_logp), is_weights=is_weights, num_sequences=num_sequences,
-                          num_tokens=num_tokens)
-
     @torch.no_grad()
     def _policy_change(self, rollout: Rollout, mask: torch.Tensor, old_logp: torch.Tensor, params: list,
                        before: list) -> dict[str, torch.Tensor]:
@@ -644,65 +508,6 @@ class GTPOTrainer:
             self.consecutive_skips += 1
         else:
             self.consecutive_skips = 0
-
-    # ------------------------------------------------------------------ 6. metrics
-    def _metrics(self, batch: ScoredBatch, all_rewards: torch.Tensor, inputs: UpdateInputs, result: UpdateResult,
-                 stats: dict[str, float], no_signal: str | None, times: tuple[float, float, float]) -> dict[str, float]:
-        """The step's metrics, averaged over processes (one host sync). TRL's names where TRL logs the same
-        quantity, GTPO's own under ``gtpo/`` (:mod:`gtpo.run.metric_names`; the table: docs/metrics.md)."""
-        acc, g = self.accelerator, self.args.group_size
-        dev = acc.device
-        rollout = batch.rollout
-        n = rollout.completion_ids.shape[0]
-        lengths = rollout.lengths.float()
-        local = {
-            "loss": result.loss,
-            "entropy": result.entropy_sum / inputs.mask.sum().clamp(min=1).to(dev),
-            "completions/mean_length": lengths.mean(),
-            "completions/clipped_ratio": rollout.truncated.float().mean(),
-            "gtpo/conflict_frac": inputs.conflict_frac,
-            **{canonical_name(key): val / n for key, val in result.metrics.items()},
-            **{canonical_name(key): val for key, val in result.policy_change.items()},
-            **{k: v for k, v in (result.sampler or {}).items() if not k.endswith(("_max", "_min"))},
-        }
-        for j, name in enumerate(self.scorer.names):
-            col = batch.per_func[:, j]
-            valid = ~torch.isnan(col)
-            local[f"rewards/{name}/mean"] = col[valid].mean() if valid.any() else torch.tensor(0.0)
-            local[f"rewards/{name}/std"] = col[valid].std() if valid.sum() > 1 else torch.tensor(0.0)
-        keys = sorted(local)
-        vec = torch.stack([torch.as_tensor(local[k], dtype=torch.float32).to(dev).reshape(()) for k in keys])
-        metrics: dict[str, float] = dict(zip(keys, acc.reduce(vec, "mean").cpu().tolist()))
-        for key, val in (result.sampler or {}).items():  # extremes over all processes
-            if key.endswith("_max"):
-                metrics[key] = float(acc.reduce(val.reshape(1).to(dev), "max"))
-            elif key.endswith("_min"):
-                metrics[key] = -float(acc.reduce(-val.reshape(1).to(dev), "max"))
-        step_time, t_gen, t_upd = times
-        grad_norm = result.grad_norm
-        metrics.update({
-            "step": self.global_step,
-            "reward": float(all_rewards.mean()),
-            "reward_std": float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0,
-            "frac_reward_zero_std": float((all_rewards.view(-1, g).std(dim=1) < 1e-8).float().mean()),
-            "completions/max_length": float(acc.reduce(lengths.max().to(dev), "max")),
-            "completions/min_length": -float(acc.reduce(-lengths.min().to(dev), "max")),
-            "grad_norm": float(grad_norm) if torch.isfinite(grad_norm) else float("nan"),
-            "learning_rate": float(self.scheduler.get_last_lr()[0]),
-            "gtpo/skipped_steps": float(self.skipped_steps),
-            "gtpo/skipped_updates": float(self.skipped_updates),
-            "gtpo/no_signal_steps": float(self.no_signal.total),
-            **{f"gtpo/no_signal/{k}": float(v) for k, v in self.no_signal.counts.items()},
-            "gtpo/no_signal": float(no_signal is not None),
-            "step_time": step_time,
-            "gtpo/generation_time": t_gen,
-            "gtpo/update_time": t_upd,
-            "gtpo/tokens_per_s": float(acc.reduce(lengths.sum().to(dev), "sum")) / max(step_time, 1e-9),
-            **{canonical_name(key): val for key, val in stats.items()},
-        })
-        if self.initial_entropy is not None:
-            metrics["gtpo/initial_entropy"] = self.initial_entropy
-        return metrics
 
     # ================================================================== the loop
     def train(self, resume_from_checkpoint: str | bool | None = None) -> dict[str, float]:
@@ -732,7 +537,7 @@ class GTPOTrainer:
                                               "dropped_prompts": self.dropped_prompts})
         if a.report_to:
             start_trackers(acc, a.run_name or os.path.basename(os.path.abspath(a.output_dir)), a.to_dict())
-        previous = self._install_signal_handlers()
+        previous = install_stop_handlers(self._on_stop_signal)
         bar = tqdm(total=a.max_steps, initial=self.global_step, disable=a.disable_tqdm or not acc.is_main_process,
                    desc=f"{a.loss_type} training", dynamic_ncols=True)
         metrics: dict[str, float] = {}
@@ -765,7 +570,7 @@ class GTPOTrainer:
                 if a.save_steps and self.global_step % a.save_steps == 0:
                     self.save_checkpoint()
                     last_saved = self.global_step
-                if self.global_step < a.max_steps and self._stop_requested():
+                if self.global_step < a.max_steps and stop_requested(self._stop_signal is not None, acc):
                     if last_saved != self.global_step:
                         self.save_checkpoint()
                     self.stopped_early = os.path.join(a.output_dir, f"checkpoint-{self.global_step}")
@@ -778,8 +583,7 @@ class GTPOTrainer:
             self.save_model()
         finally:
             bar.close()
-            for s, h in previous.items():
-                signal.signal(s, h)
+            restore_handlers(previous)
             if a.report_to:
                 acc.end_training()
         return metrics
@@ -870,33 +674,10 @@ class GTPOTrainer:
             logger.warning("%s was written by %s processes and is resumed by %d: the data order continues, the "
                            "random streams differ", path, state.get("num_processes"), self.accelerator.num_processes)
 
+    def _on_stop_signal(self, signum: int) -> None:
+        """SIGTERM/SIGINT (:func:`gtpo.run.signals.install_stop_handlers`): ``train`` stops after this step."""
+        self._stop_signal = signum
+
     def save_model(self, output_dir: str | None = None) -> None:
         """Save the final model (or adapter) and tokenizer, replacing the old files atomically."""
         self.run_dir.save_model(self.unwrapped_model, self.tokenizer, output_dir)
-
-    # ------------------------------------------------------------------ signals
-    def _install_signal_handlers(self) -> dict:
-        """SIGTERM/SIGINT: finish the current step, save, return. A second signal: the previous
-        handler (default: exit at once; checkpoints are atomic, so nothing is corrupted)."""
-        previous = {}
-
-        def handler(signum, _frame):
-            self._stop_signal = signum
-            for s, h in previous.items():
-                signal.signal(s, h)
-            logger.warning("received %s: finishing the current step, then saving a checkpoint "
-                           "(send it again to stop at once)", signal.Signals(signum).name)
-
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGTERM, signal.SIGINT):
-                previous[s] = signal.getsignal(s)
-                signal.signal(s, handler)
-        return previous
-
-    def _stop_requested(self) -> bool:
-        """Whether a stop signal reached any process (one collective per step with several processes)."""
-        flag = self._stop_signal is not None
-        if self.accelerator.num_processes > 1:
-            t = torch.tensor(float(flag), device=self.accelerator.device)
-            flag = bool(self.accelerator.reduce(t, "max"))
-        return flag

@@ -1,5 +1,6 @@
-"""Setting up a run of gtpo's trainer, one part per function: the precision, the policy model (loading,
-quantization, gradient checkpointing, PEFT), the reference model, the optimizer and the scheduler.
+"""Setting up a run of gtpo's trainer, one part per function: the accelerate setups it supports (``cpu_only``,
+``check_distributed_type``), the precision, the policy model (loading, quantization, gradient checkpointing, PEFT),
+the reference model, the optimizer and the scheduler.
 
 :class:`gtpo.trainer.GTPOTrainer` calls them in this order; each can be read and tested alone
 (``tests/test_setup.py``). They implement the dtype and device contract of ``docs/gpu.md``:
@@ -35,9 +36,10 @@ from torch import nn
 from ..config import GTPOConfig
 
 __all__ = ["AVX512_BF16_FLAG", "FAST_BF16_CPU_FLAGS", "Precision", "build_optimizer", "build_reference_model",
-           "build_scheduler", "add_adapter", "check_quantized_placement", "cpu_flags", "cpu_vendor", "has_native_bf16",
-           "is_quantized", "load_policy_model", "policy_load_kwargs", "precision_for", "prepare_quantized_base", "prepare_tokenizer", "requested_dtype",
-           "resolve_dtype", "run_precision", "vllm_dtype_name"]
+           "build_scheduler", "add_adapter", "check_distributed_type", "check_quantized_placement", "cpu_only",
+           "cpu_flags", "cpu_vendor", "has_native_bf16", "is_quantized", "load_policy_model", "policy_load_kwargs",
+           "precision_for", "prepare_quantized_base", "prepare_tokenizer", "requested_dtype", "resolve_dtype",
+           "run_precision", "vllm_dtype_name"]
 
 logger = logging.getLogger("gtpo")
 
@@ -165,6 +167,29 @@ def vllm_dtype_name(requested: str, precision: Precision) -> str:
 
 
 # ----------------------------------------------------------------------------- the policy model
+def cpu_only() -> bool:
+    """True when no accelerator device is present: the run is on CPU, and with several processes
+    (accelerate launch / torchrun) DDP over gloo. Every accelerate state of a run must be created with
+    ``cpu=cpu_only()``: accelerate's process state is a singleton, and one created first without it
+    (``PartialState()``) makes every process of a CPU launch a single-process run."""
+    return not (torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()))
+
+
+def check_distributed_type(distributed_type) -> None:
+    """Refuse the accelerate setups this trainer does not implement (FSDP, DeepSpeed): it samples with the
+    unwrapped model, saves model and optimizer from the main process and steps the optimizer itself, all
+    of which assume every process holds the whole model. DDP (several processes, each a full replica)
+    and single-device runs are what it supports; TRL's engine runs GTPO under FSDP and DeepSpeed."""
+    name = getattr(distributed_type, "value", str(distributed_type)).upper()
+    if name in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+        raise ValueError(
+            f"gtpo's own trainer does not support accelerate's {name} (it samples with the unwrapped model and saves "
+            "model and optimizer from the main process, which assumes full replicas): launch it with plain DDP "
+            "(accelerate launch --multi_gpu --num_processes N -m gtpo.cli train ...), or train with TRL's engine, "
+            "which shards with FSDP/DeepSpeed: engine: trl in the YAML (--engine trl)"
+        )
+
+
 def prepare_tokenizer(tokenizer, model: str | nn.Module):
     """The policy's tokenizer (loaded from ``model``'s name or path when None), left-padded, with a pad
     token (its EOS token when it has none)."""
