@@ -1,4 +1,4 @@
-"""Write docs/config.md from GTPOConfig's field documentation (run after changing config.py).
+"""Write docs/config.md from GTPOConfig's field documentation (run after changing gtpo/config/).
 
     python scripts/gen_config_docs.py          # rewrite docs/config.md
     python scripts/gen_config_docs.py --check  # exit 1 if docs/config.md is out of date
