@@ -195,6 +195,7 @@ def measure_start(model_dir: str, train_path: str, test_path: str, *, seed: int,
 
     from gtpo.data import load_task
     from gtpo.evaluation import evaluate_during_training
+    from gtpo.evaluation.options import ScoringOptions
     from gtpo.run.models import load_model_and_tokenizer
     from gtpo.maths.ops import masked_mean
     from gtpo.rewards import format_reward, paper_reward
@@ -223,7 +224,7 @@ def measure_start(model_dir: str, train_path: str, test_path: str, *, seed: int,
         token_mean = float((ent * roll.completion_mask).sum() / roll.completion_mask.sum())
     test = load_task(test_path)
     greedy = evaluate_during_training(model, tok, test, max_new_tokens=max_new_tokens, temperature=0.0,
-                                      reward_fn=paper_accuracy)
+                                      scoring=ScoringOptions(reward_fn=paper_accuracy))
     n = len(reward)
     return {
         "sampled_prompts": n_prompts, "group_size": group_size, "temperature": 1.0,

@@ -1,4 +1,4 @@
-"""Write docs/config.md from GTPOConfig's field documentation (run after changing config.py).
+"""Write docs/config.md from GTPOConfig's field documentation (run after changing gtpo/config/).
 
     python scripts/gen_config_docs.py          # rewrite docs/config.md
     python scripts/gen_config_docs.py --check  # exit 1 if docs/config.md is out of date
@@ -18,7 +18,7 @@ def render() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from `gtpo/config.py` by `python scripts/gen_config_docs.py`; `gtpo train --help` prints the same.",
+        "Generated from `gtpo/config/` and `gtpo/app/spec.py` by `python scripts/gen_config_docs.py`; `gtpo train --help` prints the same.",
         "Tags: [P] the GTPO paper (arXiv 2508.03772), [C] its released reference code, [D] a decision of this project.",
         "",
         "## Run keys (YAML top level, `gtpo train` only)",

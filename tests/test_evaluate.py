@@ -33,6 +33,7 @@ from gtpo.evaluation import (
     pass_at_k,
     rescore,
     score_samples,
+    ScoringOptions,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
@@ -658,7 +659,7 @@ def test_evaluate_during_training_keys_and_side_effects(tiny):
     # a reward function that marks everything correct gives pass@k = maj@k = 1
     everything = evaluate_during_training(
         model, tok, rows, n=2, k_list=[1, 2], max_new_tokens=3, temperature=1.0,
-        reward_fn=lambda *, completions, **kw: [1.0] * len(completions))
+        scoring=ScoringOptions(reward_fn=lambda *, completions, **kw: [1.0] * len(completions)))
     assert everything["eval/pass@1"] == 1.0 and everything["eval/maj@2"] == 1.0
     # the reward function gets TRL's arguments: prompts, completions, completion_ids, columns
     seen = {}
@@ -668,7 +669,7 @@ def test_evaluate_during_training_keys_and_side_effects(tiny):
         return [0.5] * len(completions)
 
     half = evaluate_during_training(model, tok, rows[:1], n=2, k_list=[1], max_new_tokens=3,
-                                    temperature=1.0, reward_fn=spy, correct_threshold=0.5)
+                                    temperature=1.0, scoring=ScoringOptions(reward_fn=spy, correct_threshold=0.5))
     assert half["eval/pass@1"] == 1.0 and half["eval/mean_score"] == 0.5
     assert seen["prompts"] == [rows[0]["prompt"]] * 2 and seen["answer"] == ["2", "2"]
     assert [tok.decode(ids, skip_special_tokens=True) for ids in seen["ids"]] == \

@@ -461,6 +461,7 @@ def _greedy_tiny(model_dir: str) -> dict:
     ``eval_dataset`` and ``eval_reward``, ``gtpo.evaluation.evaluate_during_training``)."""
     from gtpo.app import load_dataset_spec
     from gtpo.evaluation import evaluate_during_training
+    from gtpo.evaluation.options import ScoringOptions
     from gtpo.run.models import load_model_and_tokenizer
     from gtpo.rewards import resolve_reward
 
@@ -470,7 +471,7 @@ def _greedy_tiny(model_dir: str) -> dict:
     data = load_dataset_spec(cfg["eval_dataset"], default_split="test")
     return evaluate_during_training(model, tok, data, max_new_tokens=cfg.get("eval_max_new_tokens") or
                                     cfg["max_completion_length"], temperature=0.0,
-                                    reward_fn=resolve_reward(cfg["eval_reward"]))
+                                    scoring=ScoringOptions(reward_fn=resolve_reward(cfg["eval_reward"])))
 
 
 # ------------------------------------------------------------------------------------ planning

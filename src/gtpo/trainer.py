@@ -591,13 +591,14 @@ class GTPOTrainer:
     def evaluate(self) -> dict[str, float]:
         """Evaluate on ``eval_dataset``; returns ``eval/*`` metrics."""
         from .evaluation.api import evaluate_during_training
+        from .evaluation.options import ScoringOptions
 
         a = self.args
         with self.precision.context(self.accelerator.device):
             return evaluate_during_training(
                 self.unwrapped_model, self.tokenizer, self.eval_dataset, sampling=SamplingParams.for_evaluation(a),
                 n=a.eval_num_samples, k_list=a.eval_k, batch_size=a.generation_batch_size or 64,
-                reward_fn=self.eval_reward_func, engine=self.vllm_engine, merge_lora=a.merge_lora_for_sampling,
+                scoring=ScoringOptions(reward_fn=self.eval_reward_func), engine=self.vllm_engine, merge_lora=a.merge_lora_for_sampling,
             )
 
     def _probe(self) -> dict[str, float]:

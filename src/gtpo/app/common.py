@@ -63,10 +63,11 @@ def greedy_accuracy(model, tokenizer, dataset, reward, config: GTPOConfig, engin
     the evaluation's answer check), decoded by ``engine`` (a vLLM engine) when given; the same measurement at every
     ``stage``."""
     from ..evaluation.api import evaluate_during_training
+    from ..evaluation.options import ScoringOptions
 
     out = evaluate_during_training(
         model, tokenizer, dataset, n=1, k_list=[1], max_new_tokens=config.eval_max_new_tokens or config.max_completion_length,
-        temperature=0.0, batch_size=64, reward_fn=reward, engine=engine,
+        temperature=0.0, batch_size=64, scoring=ScoringOptions(reward_fn=reward), engine=engine,
     )
     return float(out["eval/accuracy_greedy"])
 

@@ -7,7 +7,8 @@ One job per module:
 * ``scoring`` -- judging completions (math-verify, reasoning-gym scorers, reward functions) and
   the dataset metrics from judged samples; no model.
 * ``mmlu`` -- MMLU accuracy from the log-likelihood of the answer letter.
-* ``options`` -- :class:`EvalOptions`, the settings of one evaluation (what ``gtpo eval`` fills).
+* ``options`` -- :class:`EvalOptions`, the settings of one evaluation (what ``gtpo eval`` fills), and
+  :class:`ScoringOptions`, how the trainer's evaluation judges and counts its samples.
 * ``api`` -- :func:`evaluate` (load, sample, score, write the results JSON), :func:`rescore`
   (recompute from a results file), :func:`evaluate_during_training` (the trainer's
   ``eval_steps``), :func:`format_table`.
@@ -30,7 +31,7 @@ from .estimators import (
     parse_k_list,
     pass_at_k,
 )
-from .options import EvalOptions
+from .options import EvalOptions, ScoringOptions
 from .mmlu import continuation_logprobs, evaluate_mmlu, mmlu_metrics, mmlu_prompt, mmlu_stem
 from .scoring import CORRECT_SCORE, aggregate_metrics, score_problems, score_samples
 
@@ -48,6 +49,7 @@ __all__ = [
     "score_problems",
     "aggregate_metrics",
     "EvalOptions",
+    "ScoringOptions",
     "evaluate",
     "generate_samples",
     "seeded",

@@ -38,15 +38,15 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from gtpo.run.checkpoint import atomic_write
 
 from .estimators import MAJ_ESTIMATORS, UNPARSABLE_MODES, as_count, parse_k_list
 from .mmlu import evaluate_mmlu, mmlu_metrics
-from .options import BACKENDS, EvalOptions, check_choice, estimator_settings
-from .scoring import CORRECT_SCORE, problem_record, score_problems
+from .options import BACKENDS, EvalOptions, ScoringOptions, check_choice, estimator_settings
+from .scoring import problem_record, score_problems
 
 __all__ = [
     "BACKENDS",
@@ -492,12 +492,8 @@ def evaluate_during_training(
     n: int = 1,
     k_list: Sequence[int] = (1,),
     batch_size: int | None = 64,
-    reward_fn: Callable[..., list] | str | None = None,
-    correct_threshold: float = CORRECT_SCORE,
-    answer_from: str = "auto",
+    scoring: ScoringOptions | None = None,
     max_prompt_length: int | None = None,
-    maj_estimator: str = "expected",
-    unparsable: str = "abstain",
     seed: int = 0,
     engine: Any = None,
     merge_lora: bool = True,
@@ -525,12 +521,10 @@ def evaluate_during_training(
         engine: a :class:`gtpo.sampling.vllm_engine.VLLMEngine` serving ``model``'s current weights (the trainer's
             with ``use_vllm``): it samples instead of ``gtpo.sampling.rollout.generate``.
         merge_lora: ``gtpo.sampling.rollout.generate``'s (float32 LoRA layers merged while sampling).
-        reward_fn: optional correctness reward (TRL's contract, called with the row's columns
-            and ``completion_ids``; or a ``gtpo.rewards.resolve_reward`` spec); a sample counts
-            as correct when it returns ``>= correct_threshold`` (default 1.0: use a correctness
-            reward, or set the threshold, e.g. 20 for the paper's [0, 20] reward). Default: the
-            reasoning-gym scorer for rows with ``rg_entry``, else math-verify against
-            ``answer``.
+        scoring: a :class:`gtpo.evaluation.options.ScoringOptions`: the correctness reward (``reward_fn``; default:
+            the reasoning-gym scorer for rows with ``rg_entry``, else math-verify against ``answer``), the score
+            at which a sample counts as correct (``correct_threshold``, default 1.0), ``answer_from``,
+            ``maj_estimator``, ``unparsable``; default: its defaults.
         Others: as :func:`evaluate`.
 
     Returns:
@@ -540,6 +534,7 @@ def evaluate_during_training(
 
     sampling = SamplingParams.given(sampling, {"temperature": 0.0, **settings} if sampling is None else settings,
                                     "evaluate_during_training")
+    scoring = ScoringOptions() if scoring is None else scoring
     rows = dataset.to_list() if hasattr(dataset, "to_list") else [dict(r) for r in dataset]
     if not rows:
         raise ValueError("eval dataset: it has no rows")
@@ -552,15 +547,15 @@ def evaluate_during_training(
     with seeded(seed):
         generated = generate_samples(
             model, tokenizer, rows, sampling=sampling, n=n, batch_size=batch_size,
-            max_prompt_length=max_prompt_length, progress=False, keep_ids=reward_fn is not None,
+            max_prompt_length=max_prompt_length, progress=False, keep_ids=scoring.reward_fn is not None,
             engine=engine, merge_lora=merge_lora,
         )
     problems = [problem_record(i, row, samples)
                 for i, (row, samples) in enumerate(zip(rows, generated))]
     metrics = score_problems(problems, rows=rows, n=n, ks=ks, maj_ks=maj_ks,
-                             maj_estimator=maj_estimator, unparsable=unparsable,
-                             answer_from=answer_from, reward_fn=reward_fn,
-                             correct_threshold=correct_threshold)
+                             maj_estimator=scoring.maj_estimator, unparsable=scoring.unparsable,
+                             answer_from=scoring.answer_from, reward_fn=scoring.reward_fn,
+                             correct_threshold=scoring.correct_threshold)
     out = {}
     if greedy:
         out["eval/accuracy_greedy"] = metrics["pass@1"]

@@ -1,17 +1,19 @@
 """The settings of one evaluation (:class:`EvalOptions`): what ``gtpo eval`` fills from its arguments and
-:func:`gtpo.evaluation.evaluate` takes. Checked once, when built; no torch here."""
+:func:`gtpo.evaluation.evaluate` takes. Checked once, when built; no torch here. :class:`ScoringOptions`: how the
+trainer's evaluation (:func:`gtpo.evaluation.evaluate_during_training`) judges and counts its samples."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .estimators import (MAJ_ESTIMATOR_DOC, MAJ_ESTIMATORS, PASS_AT_K_ESTIMATOR, UNPARSABLE_DOC, UNPARSABLE_MODES,
                          as_count, parse_k_list)
+from .scoring import CORRECT_SCORE
 
-__all__ = ["BACKENDS", "EvalOptions", "check_choice", "estimator_settings"]
+__all__ = ["BACKENDS", "EvalOptions", "ScoringOptions", "check_choice", "estimator_settings"]
 
 #: samplers of :func:`gtpo.evaluation.evaluate` (``backend=``)
 BACKENDS = ("hf", "vllm")
@@ -34,6 +36,26 @@ def estimator_settings(maj_estimator: str, unparsable: str) -> dict:
         "correct_rule": "math-verify equivalence of the extracted answer with the gold answer; "
         "reasoning-gym tasks: the task's scorer gives full marks (1.0)",
     }
+
+
+@dataclass(frozen=True)
+class ScoringOptions:
+    """How :func:`gtpo.evaluation.evaluate_during_training` judges each sample and counts the votes (the arguments
+    of :func:`gtpo.evaluation.scoring.score_problems` that are not the samples themselves).
+
+    ``reward_fn``: an optional correctness reward (TRL's contract, called with the row's columns and
+    ``completion_ids``; or a ``gtpo.rewards.resolve_reward`` spec); None: the reasoning-gym scorer for rows with
+    ``rg_entry``, else math-verify against ``answer``. A sample counts as correct when its score is
+    ``>= correct_threshold`` (default 1.0: use a correctness reward, or set the threshold, e.g. 20 for the paper's
+    [0, 20] reward). ``answer_from``: where answers are read (``gtpo.rewards.extract_final_answer``);
+    ``maj_estimator``, ``unparsable``: see ``gtpo.evaluation.estimators``.
+    """
+
+    reward_fn: Callable[..., list] | str | None = None
+    correct_threshold: float = CORRECT_SCORE
+    answer_from: str = "auto"
+    maj_estimator: str = "expected"
+    unparsable: str = "abstain"
 
 
 @dataclass(frozen=True)

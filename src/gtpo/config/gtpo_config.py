@@ -1,28 +1,6 @@
-"""Configuration of a GTPO / GRPO / Dr.GRPO / DAPO run: one dataclass, presets, validation.
-
-Field names follow TRL's ``GRPOConfig`` where one exists (``max_completion_length``,
-``num_iterations``, ``beta``, ``epsilon``, ``epsilon_high``, ``scale_rewards``,
-``mask_truncated_completions``, ``reward_weights``, ...). Every field documents what it does, its
-default, and the paper or code it comes from. Sources are tagged as in ``docs/method.md``:
-**[P]** the GTPO paper (Simoni et al., TACL 2026, arXiv 2508.03772), **[C]** its released
-reference code (github.com/winstonsmith1897/GTPO), **[D]** a decision of this project.
-
-Presets (:meth:`GTPOConfig.from_preset`):
-
-* ``official`` -- the released code's choices, which produced the published numbers: fixed
-  entropy threshold 0.7 applied to every completion, gamma 0.1, conflict weights 2.0 / 0.0
-  multiplied across the prefix and suffix runs, each completion's loss divided by its
-  conflict count, completions summed; sampling at temperature 0.9, log-probs and entropies
-  from the raw logits (``logprob_temperature`` 1.0). It does not set the optimiser: the released
-  code's (Adam beta1 = beta2 = 0.999999, weight decay 0.1, ``max_grad_norm`` 0.1, cosine schedule with
-  warm-up 0.005, paged 8-bit AdamW) is in the paper configs (``configs/paper/*.yaml``); on the stress
-  model GTPO and GRPO collapsed alike under either optimiser (docs/results.md, claim 2).
-* ``paper`` -- the printed objective: mean over the G completions, no conflict-count division,
-  the <H>_ini rule with threshold ln 2 (filter only if the policy started below ln 2).
-* ``grpo``, ``dr_grpo``, ``dapo`` -- the baselines with their usual settings; ``dapo`` is DAPO's
-  final recipe: clip-higher (0.28), token-mean loss, dynamic sampling, truncated completions masked
-  out of the loss, and soft overlong punishment over the last fifth of ``max_completion_length``
-  (penalty up to 1.0).
+"""GTPOConfig, the hyperparameters of a run (see :mod:`gtpo.config`): every field declared with its facts
+(:func:`gtpo.config.declarations._f`), and what is read from those declarations: :func:`fields_where`,
+:func:`field_default`, :func:`resolved`, :data:`SHARED_VLLM_FIELDS`, ``GTPOConfig.GTPO_SWITCHES``.
 
 This module imports nothing from torch or the rest of the package.
 """
@@ -32,99 +10,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import re
-from dataclasses import dataclass, field, fields
-from typing import Any, Callable, ClassVar, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Mapping
 
-from .errors import ConfigValueError
-
-LN2 = math.log(2.0)
-
-# The option tuples of the package (the maths modules validate against these).
-LOSS_TYPES = ("gtpo", "grpo", "dr_grpo", "dapo")
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "constant")
-DEFAULT_AGGREGATION = {"grpo": "seq_mean_token_mean", "dr_grpo": "constant", "dapo": "token_mean"}
-SCALE_REWARDS = ("none", "group", "batch")
-ENTROPY_RULES = ("fixed", "initial")
-FILTER_SCOPES = ("all", "negative")
-GAMMA_GROUPS = ("all", "varying")
-COMPLETION_SIGNS = ("all", "positive", "negative")
-CONFLICT_COMBINE = ("product", "union")
-CONFLICT_COUNT = ("max_run", "union")
-COMPLETION_REDUCTIONS = ("sum", "mean")
-REPORT_TARGETS = ("none", "tensorboard", "wandb", "trackio")
-VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
-RUN_DTYPES = ("auto", "float32", "bfloat16")
-OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adamw_8bit", "paged_adamw_8bit")
-VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-#: the values each choice field of GTPOConfig takes (validation and ``gtpo train --help`` read them here)
-FIELD_CHOICES: dict[str, tuple[str, ...]] = {
-    "loss_type": LOSS_TYPES, "scale_rewards": SCALE_REWARDS, "loss_aggregation": AGGREGATIONS,
-    "conflict_combine": CONFLICT_COMBINE, "conflict_count": CONFLICT_COUNT, "completion_reduction": COMPLETION_REDUCTIONS,
-    "entropy_rule": ENTROPY_RULES, "entropy_filter_scope": FILTER_SCOPES, "gamma_groups": GAMMA_GROUPS,
-    "completion_sign": COMPLETION_SIGNS, "report_to": REPORT_TARGETS, "vllm_dtype": VLLM_DTYPES, "dtype": RUN_DTYPES,
-    "optim": OPTIMIZERS, "vllm_importance_sampling_mode": VLLM_IS_MODES,
-}
-#: gamma, GTPO's entropy-shaping coefficient [P][C]: the default of loss_type gtpo and of the official / paper presets
-GTPO_GAMMA = 0.1
-
-# ----------------------------------------------------------------------------- what each field is to the code around it
-# Every field declares, with its default and help (:func:`_f`), what it is on TRL's engine (``trl``) and on verl
-# (``verl``), and when it applies: whether a resume may change it (``resumable``), whether it is one of GTPO's switches
-# on a baseline (``switch_off``: the values that leave the baseline as it is) and the rule that decides its value when
-# it is None (``rule``, applied by :func:`resolved` for every engine). Every list of fields by role (SHARED_VLLM_FIELDS,
-# GTPOConfig.GTPO_SWITCHES, the trainer's RESUMABLE_CHANGES, gtpo.integrations.trl's RENAMED / ENGINE_ONLY /
-# UNAVAILABLE / GTPO_METHOD_FIELDS, gtpo.integrations.verl's VERL_OWNED / method fields) is read from these
-# declarations by :func:`fields_where`; tests/test_config_fields.py fails on a field that declares no role.
-
-#: what a field is on TRL's engine (``_f(trl=...)``; gtpo.integrations.trl reads it)
-TRL_ROLES = {
-    "same": "a trl.GRPOConfig field of the same name and meaning: TRLGTPOConfig.from_gtpo_config passes it on as it is",
-    "when_set": "a trl.GRPOConfig field of the same name and meaning, passed on only when the user set it (TRL keeps "
-                "its own default otherwise)",
-    "converted": "a trl.GRPOConfig field of the same name whose value TRLGTPOConfig.from_gtpo_config converts (e.g. "
-                 "max_steps counts rollouts here, optimizer steps there)",
-    "renamed": "TRL has it under another name or form (trl_name says which); from_gtpo_config maps it",
-    "method": "one of GTPO's method fields, which trl.GRPOConfig lacks: TRLGTPOConfig declares it with GTPOConfig's "
-              "name, default and help",
-    "gtpo_engine": "a setting of gtpo's own trainer (its sampler, evaluation, safeguards, logs): no effect on TRL's "
-                   "engine",
-    "unavailable": "a feature TRL's GRPOTrainer does not have: refused on TRL's engine",
-}
-#: what a field is on verl (``_f(verl=...)``; gtpo.integrations.verl reads it)
-VERL_ROLES = {
-    "method": "a method field that algorithm.gtpo may set",
-    "owned": "set by verl's own option (verl_option); a preset or algorithm.gtpo may only repeat verl's value",
-    "engine": "an engine, optimiser or generation setting that verl configures its own way (refused under "
-              "algorithm.gtpo)",
-}
-_FACTS = ("trl", "trl_name", "verl", "verl_option", "resumable", "switch_off", "rule")
-
-
-def _f(default: Any, help: str, *, trl: str, verl: str, trl_name: str | None = None, verl_option: str | None = None,
-       resumable: bool = False, switch_off: tuple | None = None, rule: Callable[[Any], Any] | None = None) -> Any:
-    """A GTPOConfig field with every fact about it in ``metadata``: ``help`` (read by the CLI and the docs), its role on
-    TRL's engine (``trl``, one of :data:`TRL_ROLES`; ``trl_name`` for ``"renamed"``) and on verl (``verl``, one of
-    :data:`VERL_ROLES`; ``verl_option`` for ``"owned"``), ``resumable`` (a resume may change it without changing what
-    is trained), ``switch_off`` (one of GTPO's switches on a baseline loss: the values that leave the baseline as it
-    is) and ``rule`` (its value when it is None, from the other fields: ``rule(config) -> value``)."""
-    if trl not in TRL_ROLES or verl not in VERL_ROLES:
-        raise ValueError(f"_f: trl must be one of {list(TRL_ROLES)} and verl one of {list(VERL_ROLES)}, got "
-                         f"trl={trl!r}, verl={verl!r}")
-    if (trl == "renamed") != (trl_name is not None) or (verl == "owned") != (verl_option is not None):
-        raise ValueError("_f: trl_name goes with trl='renamed', verl_option with verl='owned'")
-    return documented_field(default, help, trl=trl, trl_name=trl_name, verl=verl, verl_option=verl_option,
-                            resumable=resumable, switch_off=switch_off, rule=rule)
-
-
-def documented_field(default: Any, help: str, **metadata: Any) -> Any:
-    """A dataclass field with its documentation in ``metadata['help']`` (read by the CLI and the docs) beside any other
-    ``metadata``; a list or dict default is copied for every instance. GTPOConfig's fields go through :func:`_f`, which
-    also requires their roles; other settings dataclasses (the run spec) call this directly."""
-    metadata = {"help": help, **metadata}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=metadata)
-    return field(default=default, metadata=metadata)
+from .presets import PRESETS as _PRESETS, apply_preset as _apply_preset, preset_values as _preset_values
+from .checks import check, settle
+from .declarations import _FACTS, DEFAULT_AGGREGATION, GTPO_GAMMA, _f
 
 
 @dataclass
@@ -591,32 +482,7 @@ class GTPOConfig:
 
     # ------------------------------------------------------------------ helpers
     def __post_init__(self) -> None:
-        trl_name = self.num_generations is not None
-        if trl_name:  # TRL's name of group_size
-            default = GTPOConfig.__dataclass_fields__["group_size"].default
-            if self.group_size not in (default, self.num_generations):
-                raise ConfigValueError(
-                    f"GTPOConfig.num_generations={self.num_generations!r} is TRL's name of group_size, which is "
-                    f"{self.group_size!r}: set one of them", "num_generations")
-            self.group_size, self.num_generations = self.num_generations, None
-        if isinstance(self.report_to, str):
-            self.report_to = [self.report_to]
-        if isinstance(self.report_to, (list, tuple)):
-            self.report_to = [t for t in self.report_to if t not in ("none", "")]
-        for name in ("eval_k", "reward_weights"):  # tuples are accepted; stored as lists (JSON round trip)
-            if isinstance(getattr(self, name), tuple):
-                setattr(self, name, list(getattr(self, name)))
-        try:
-            self.validate()
-        except ConfigValueError as err:
-            if trl_name and err.field == "group_size":  # the user wrote TRL's name: say that one
-                raise ConfigValueError(f"{err} (given as num_generations, TRL's name of group_size)",
-                                       "num_generations") from None
-            raise
-        for f in fields(self):  # an int given for a float field is stored as a float
-            value = getattr(self, f.name)
-            if field_annotation(f) in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
-                setattr(self, f.name, float(value))
+        settle(self)
 
     # values of the fields whose None is decided by their rule (``_f(rule=...)``, applied by :func:`resolved`) -------
     @property
@@ -680,63 +546,12 @@ class GTPOConfig:
             return False
         return True if self.vllm_importance_sampling_correction is None else self.vllm_importance_sampling_correction
 
-    def _validate_vllm(self) -> None:
-        if self.vllm_dtype not in VLLM_DTYPES:
-            raise ValueError(f"GTPOConfig.vllm_dtype must be one of {list(VLLM_DTYPES)}, got {self.vllm_dtype!r}")
-        if self.vllm_importance_sampling_mode not in VLLM_IS_MODES:
-            raise ValueError(f"GTPOConfig.vllm_importance_sampling_mode must be one of {list(VLLM_IS_MODES)}, got "
-                             f"{self.vllm_importance_sampling_mode!r}")
-        util = self.vllm_gpu_memory_utilization
-        if math.isnan(util) or not 0.0 < util <= 1.0:
-            raise ValueError(f"GTPOConfig.vllm_gpu_memory_utilization must be in (0, 1], got {util!r}")
-        for name in ("vllm_kv_cache_memory_bytes", "vllm_max_model_length"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"GTPOConfig.{name} must be None or an integer >= 1, got {value!r}")
-        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
-        for name, value in (("vllm_importance_sampling_clip_min", low), ("vllm_importance_sampling_clip_max", high)):
-            if value is not None and (math.isnan(value) or value < 0):
-                raise ValueError(f"GTPOConfig.{name} must be None or a number >= 0, got {value!r}")
-        if high is not None and high <= 0:
-            raise ValueError(f"GTPOConfig.vllm_importance_sampling_clip_max must be None or > 0, got {high!r}")
-        if low is not None and high is not None and low > high:
-            raise ValueError(f"GTPOConfig.vllm_importance_sampling_clip_min ({low}) must be at most "
-                             f"vllm_importance_sampling_clip_max ({high})")
-        if not self.use_vllm:
-            return
-        need = self.max_prompt_length + self.max_completion_length
-        if self.vllm_max_model_length is not None and self.vllm_max_model_length < need:
-            raise ValueError(
-                f"GTPOConfig.vllm_max_model_length ({self.vllm_max_model_length}) must hold max_prompt_length + "
-                f"max_completion_length = {need} tokens; raise it or leave it None")
-        if self.vllm_importance_sampling_correction and self.vllm_logprobs_mode is None:
-            raise ValueError(
-                "GTPOConfig.vllm_importance_sampling_correction=True needs vLLM's log-probs at logprob_temperature "
-                f"({self.logprob_temperature}), but vLLM gives them only at the sampling temperature "
-                f"({self.temperature}) or at 1.0: the ratio would correct the temperature change, not the sampler's "
-                "mismatch. Leave it None (off here), or set logprob_temperature to null, the temperature or 1.0")
-
     @property
     def requested_dtype(self) -> str:
         """The run's dtype as asked (``"auto"`` is resolved against the hardware by
         :func:`gtpo.run.build.resolve_dtype`): ``dtype``, else ``model_init_kwargs.dtype``, else ``"bfloat16"``
         with ``bf16``, else ``"float32"`` (``dtype``'s rule)."""
         return resolved(self, "dtype")
-
-    def _validate_precision(self) -> None:
-        if self.dtype is not None and self.dtype not in RUN_DTYPES:
-            raise ValueError(f"GTPOConfig.dtype must be None or one of {list(RUN_DTYPES)}, got {self.dtype!r}")
-        if self.optim not in OPTIMIZERS:
-            raise ValueError(f"GTPOConfig.optim must be one of {list(OPTIMIZERS)} (transformers' and TRL's names), "
-                             f"got {self.optim!r}")
-        loaded = (self.model_init_kwargs or {}).get("dtype")
-        if self.dtype is not None and loaded is not None and loaded != self.dtype:
-            raise ValueError(f"GTPOConfig.dtype ({self.dtype!r}) and model_init_kwargs.dtype ({loaded!r}) disagree: "
-                             "set one of them (dtype is the run's precision; docs/gpu.md)")
-        if self.bf16 and self.requested_dtype not in ("bfloat16", "auto"):
-            where = "dtype" if self.dtype is not None else "model_init_kwargs.dtype"
-            raise ValueError(f"GTPOConfig.bf16 is true but {where} is {self.requested_dtype!r}: bf16: true means "
-                             "dtype: bfloat16; set one of them")
 
     @property
     def resolved_vllm_max_model_length(self) -> int:
@@ -750,128 +565,7 @@ class GTPOConfig:
         Every field's value is first checked against its annotation (so a wrong type never gets
         as far as the trainer), then ranges and choices, then combinations of fields.
         """
-        try:
-            self._validate()
-        except ConfigValueError:
-            raise
-        except ValueError as err:  # every message starts with "GTPOConfig.<field>"
-            found = re.match(r"GTPOConfig\.(\w+)", str(err))
-            raise ConfigValueError(str(err), found.group(1) if found else None) from None
-
-    def _validate(self) -> None:
-        for f in fields(self):
-            problem = type_problem(getattr(self, f.name), field_annotation(f))
-            if problem:
-                raise ValueError(f"GTPOConfig.{f.name} must be {problem}, got {getattr(self, f.name)!r}")
-
-        def choice(name: str, options: tuple, allow_none: bool = False) -> None:
-            value = getattr(self, name)
-            if value is None and allow_none:
-                return
-            if value not in options:
-                raise ValueError(f"GTPOConfig.{name} must be one of {list(options)}, got {value!r}")
-
-        def at_least(name: str, low: float, *, allow_none: bool = False, strict: bool = False,
-                     allow_inf: bool = False) -> None:
-            value = getattr(self, name)
-            if value is None and allow_none:
-                return
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-                raise ValueError(f"GTPOConfig.{name} must be a number, got {value!r}")
-            if math.isinf(value) and not allow_inf:
-                raise ValueError(f"GTPOConfig.{name} must be a finite number, got {value!r}")
-            if value < low or (strict and value == low):
-                rel = ">" if strict else ">="
-                raise ValueError(f"GTPOConfig.{name} must be {rel} {low}, got {value!r}")
-
-        choice("loss_type", LOSS_TYPES)
-        choice("scale_rewards", SCALE_REWARDS, allow_none=True)
-        choice("loss_aggregation", AGGREGATIONS, allow_none=True)
-        choice("conflict_combine", CONFLICT_COMBINE)
-        choice("conflict_count", CONFLICT_COUNT)
-        choice("completion_reduction", COMPLETION_REDUCTIONS)
-        choice("entropy_rule", ENTROPY_RULES)
-        choice("entropy_filter_scope", FILTER_SCOPES)
-        choice("gamma_groups", GAMMA_GROUPS)
-        choice("completion_sign", COMPLETION_SIGNS)
-        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 2:
-            raise ValueError(
-                f"GTPOConfig.group_size must be an integer >= 2 (advantages are relative to the group), "
-                f"got {self.group_size!r}"
-            )
-        for name in ("prompts_per_step", "max_steps", "num_iterations", "max_prompt_length", "max_completion_length"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GTPOConfig.{name} must be an integer >= 1, got {value!r}")
-        for name in ("logging_steps", "eval_num_samples", "max_consecutive_skips"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"GTPOConfig.{name} must be an integer >= 1, got {getattr(self, name)!r}")
-        for name in ("save_steps", "eval_steps", "log_completions_steps", "overlong_buffer_length", "max_resample_rounds",
-                     "num_completions_to_print", "top_k"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"GTPOConfig.{name} must be an integer >= 0, got {value!r}")
-        for name in ("micro_batch_size", "generation_batch_size", "logprob_chunk_size", "eval_max_new_tokens"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"GTPOConfig.{name} must be None or an integer >= 1, got {value!r}")
-        if self.save_total_limit is not None and self.save_total_limit < 0:
-            raise ValueError(f"GTPOConfig.save_total_limit must be None or an integer >= 0, got {self.save_total_limit!r}")
-        if self.overlong_buffer_length > self.max_completion_length:
-            raise ValueError(
-                f"GTPOConfig.overlong_buffer_length ({self.overlong_buffer_length}) must be at most "
-                f"max_completion_length ({self.max_completion_length})"
-            )
-        for name in ("pos_weight", "neg_weight"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"GTPOConfig.{name} must be a finite number, got {getattr(self, name)!r}")
-        for name in ("adam_beta1", "adam_beta2"):
-            value = getattr(self, name)
-            if math.isnan(value) or not 0.0 <= value < 1.0:
-                raise ValueError(f"GTPOConfig.{name} must be in [0, 1), got {value!r}")
-        at_least("repetition_penalty", 0.0, strict=True)
-        at_least("adam_epsilon", 0.0)
-        at_least("overlong_penalty_factor", 0.0)
-        at_least("eval_temperature", 0.0)
-        at_least("temperature", 0.0, strict=True)
-        at_least("logprob_temperature", 0.0, strict=True, allow_none=True)
-        at_least("learning_rate", 0.0)
-        at_least("epsilon", 0.0)
-        at_least("epsilon_high", 0.0, allow_none=True)
-        at_least("beta", 0.0)
-        at_least("gamma", 0.0, allow_none=True)
-        at_least("entropy_threshold", 0.0, allow_inf=True)  # inf: the filter never drops anything
-        at_least("max_grad_norm", 0.0, allow_inf=True)  # inf (like 0): no clipping
-        at_least("weight_decay", 0.0)
-        at_least("warmup_ratio", 0.0)
-        at_least("warmup_steps", 0.0)
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"GTPOConfig.top_p must be in (0, 1], got {self.top_p!r}")
-        if self.warmup_ratio > 1.0:
-            raise ValueError(f"GTPOConfig.warmup_ratio must be in [0, 1], got {self.warmup_ratio!r}")
-        if self.loss_type == "gtpo" and self.beta > 0:
-            raise ValueError(
-                "GTPOConfig.beta must be 0 for loss_type='gtpo': GTPO drops the KL term and loads no "
-                f"reference model (arXiv 2508.03772), got beta={self.beta!r}"
-            )
-        self._validate_baseline_purity()
-        if self.loss_type == "gtpo" and self.loss_aggregation is not None:
-            raise ValueError(
-                "GTPOConfig.loss_aggregation applies to grpo/dr_grpo/dapo; GTPO uses completion_reduction "
-                f"and divide_by_conflict_count instead, got loss_aggregation={self.loss_aggregation!r}"
-            )
-        self._validate_vllm()
-        bad = [t for t in self.report_to if t not in REPORT_TARGETS]
-        if bad:
-            raise ValueError(f"GTPOConfig.report_to entries must be in {list(REPORT_TARGETS)}, got {bad!r}")
-        if self.reward_weights is not None and not all(
-            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in self.reward_weights
-        ):
-            raise ValueError(f"GTPOConfig.reward_weights must be a list of finite numbers, got {self.reward_weights!r}")
-        _check_model_init_kwargs(self.model_init_kwargs)
-        self._validate_precision()
-        if not self.eval_k or any((not isinstance(k, int)) or k < 1 for k in self.eval_k):
-            raise ValueError(f"GTPOConfig.eval_k must be a non-empty list of integers >= 1, got {self.eval_k!r}")
+        check(self)
 
     #: GTPO's switches that act on a baseline loss, with the values that leave the baseline as it is (the fields'
     #: ``switch_off``; set below the class)
@@ -884,64 +578,19 @@ class GTPOConfig:
         return [f"{name}={getattr(self, name)!r}" for name, off in self.GTPO_SWITCHES.items()
                 if getattr(self, name) not in off]
 
-    def _validate_baseline_purity(self) -> None:
-        """A baseline loss with GTPO's switches on is refused unless ``gtpo_ablation`` says it is meant."""
-        on = self.gtpo_switches_on()
-        if on and not self.gtpo_ablation:
-            raise ValueError(
-                f"GTPOConfig.loss_type={self.loss_type!r} is a baseline, but GTPO's {', '.join(on)} would change it "
-                f"(a {self.loss_type} run mixed with GTPO). For the pure baseline unset them (null, or "
-                "gamma: 0 / entropy_filter: false / conflict_masks: false / completion_sign: all), e.g. start from "
-                f"--preset {self.loss_type} without a GTPO YAML; for an ablation that adds them to {self.loss_type}, "
-                "set gtpo_ablation: true (--gtpo_ablation true)"
-            )
-
-    # presets ---------------------------------------------------------------------------
-    PRESETS = ("official", "paper", "grpo", "dr_grpo", "dapo")
+    # presets (gtpo.config.presets) -----------------------------------------------------
+    PRESETS = _PRESETS
 
     @classmethod
     def preset_values(cls, name: str) -> dict[str, Any]:
-        """Field values of a named preset (see the module docstring)."""
-        presets: dict[str, dict[str, Any]] = {
-            "official": dict(
-                loss_type="gtpo", scale_rewards="none", pos_weight=2.0, neg_weight=0.0,
-                conflict_combine="product", conflict_count="max_run", divide_by_conflict_count=True,
-                completion_reduction="sum", entropy_filter=True, entropy_threshold=0.7,
-                entropy_rule="fixed", entropy_filter_scope="all", gamma=GTPO_GAMMA, beta=0.0, num_iterations=1,
-                temperature=0.9, logprob_temperature=1.0,
-            ),
-            "paper": dict(
-                loss_type="gtpo", scale_rewards="none", pos_weight=2.0, neg_weight=0.0,
-                conflict_combine="product", conflict_count="max_run", divide_by_conflict_count=False,
-                completion_reduction="mean", entropy_filter=True, entropy_threshold=LN2,
-                entropy_rule="initial", entropy_filter_scope="all", gamma=GTPO_GAMMA, beta=0.0, num_iterations=1,
-            ),
-            "grpo": dict(loss_type="grpo", scale_rewards="group", epsilon=0.2, epsilon_high=None, beta=0.0),
-            "dr_grpo": dict(loss_type="dr_grpo", scale_rewards="none", epsilon=0.2, epsilon_high=None, beta=0.0),
-            "dapo": dict(
-                loss_type="dapo", scale_rewards="group", epsilon=0.2, epsilon_high=0.28, beta=0.0,
-                dynamic_sampling=True, mask_truncated_completions=True, overlong_penalty_factor=1.0,
-            ),
-        }
-        if name not in presets:
-            raise ValueError(f"unknown preset {name!r}; known presets: {list(presets)}")
-        return dict(presets[name])
+        """Field values of a named preset (see :mod:`gtpo.config`)."""
+        return _preset_values(name)
 
     @classmethod
     def apply_preset(cls, name: str, values: dict[str, Any]) -> dict[str, Any]:
-        """``values`` on top of preset ``name``, plus what the preset derives from them.
-
-        ``dapo``: DAPO's soft overlong punishment (Yu et al. 2025) with its buffer scaled to the
-        length budget as in the paper's recipe (4,096 of 20,480 tokens): ``overlong_buffer_length =
-        max_completion_length // 5`` unless ``values`` sets it. Keys that are not config fields
-        (the CLI's ``model``, ``dataset``, ...) pass through unchanged.
-        """
-        merged = {**cls.preset_values(name), **values}
-        if name == "dapo" and "overlong_buffer_length" not in values:
-            length = merged.get("max_completion_length", cls.max_completion_length)
-            if isinstance(length, int) and not isinstance(length, bool) and length >= 1:
-                merged["overlong_buffer_length"] = max(1, length // 5)
-        return merged
+        """``values`` on top of preset ``name``, plus what the preset derives from them
+        (:func:`gtpo.config.presets.apply_preset`)."""
+        return _apply_preset(name, values, cls.max_completion_length)
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "GTPOConfig":
@@ -1042,66 +691,3 @@ def resolved(values: Any, name: str) -> Any:
 SHARED_VLLM_FIELDS = fields_where("trl", "when_set")
 GTPOConfig.GTPO_SWITCHES = {name: f.metadata["switch_off"] for name, f in _FIELDS.items()
                             if f.metadata["switch_off"] is not None}
-
-
-# ----------------------------------------------------------------------------- model loading options
-MODEL_DTYPES = ("auto", "bfloat16", "float16", "float32")
-
-
-def _check_model_init_kwargs(kwargs: Any) -> None:
-    """``model_init_kwargs``: a mapping; ``dtype`` one of :data:`MODEL_DTYPES`; ``quantization_config``
-    a mapping (of ``transformers.BitsAndBytesConfig`` fields)."""
-    if kwargs is None:
-        return
-    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
-        raise ValueError(f"GTPOConfig.model_init_kwargs must be a mapping of from_pretrained arguments, got {kwargs!r}")
-    if "torch_dtype" in kwargs:
-        raise ValueError("GTPOConfig.model_init_kwargs: use 'dtype' (transformers >= 4.56), not 'torch_dtype'")
-    dtype = kwargs.get("dtype")
-    if dtype is not None and dtype not in MODEL_DTYPES:
-        raise ValueError(f"GTPOConfig.model_init_kwargs.dtype must be one of {list(MODEL_DTYPES)}, got {dtype!r}")
-    quant = kwargs.get("quantization_config")
-    if quant is not None and not isinstance(quant, dict):
-        raise ValueError("GTPOConfig.model_init_kwargs.quantization_config must be a mapping of BitsAndBytesConfig "
-                         f"fields (e.g. {{load_in_4bit: true, bnb_4bit_quant_type: nf4}}), got {quant!r}")
-
-
-# ----------------------------------------------------------------------------- type checks
-_TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string", "None": "null (None)"}
-
-
-def field_annotation(f: dataclasses.Field) -> str:
-    """A field's annotation as text (this module uses ``from __future__ import annotations``)."""
-    return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-
-
-def _matches(value: Any, kind: str) -> bool:
-    if kind == "None":
-        return value is None
-    if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "float":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == "str":
-        return isinstance(value, str)
-    if kind.startswith("list[") and kind.endswith("]"):
-        inner = kind[5:-1]
-        return isinstance(value, (list, tuple)) and all(_matches(v, inner) for v in value)
-    return True  # an annotation this checker does not know: accept
-
-
-def _describe(kind: str) -> str:
-    if kind.startswith("list[") and kind.endswith("]"):
-        inner = _TYPE_WORDS.get(kind[5:-1], kind[5:-1]).split(" ", 1)[-1]
-        return f"a list of {inner}s" if not inner.endswith("s") else f"a list of {inner}"
-    return _TYPE_WORDS.get(kind, kind)
-
-
-def type_problem(value: Any, annotation: str) -> str | None:
-    """None if ``value`` fits ``annotation`` (e.g. ``'int | None'``), else what was expected."""
-    kinds = [k.strip() for k in annotation.split("|")]
-    if any(_matches(value, k) for k in kinds):
-        return None
-    return " or ".join(_describe(k) for k in kinds)

@@ -1,0 +1,266 @@
+"""What a GTPOConfig does when built (:func:`settle`, its ``__post_init__``) and the checks of
+:meth:`gtpo.config.GTPOConfig.validate`: each a function of the config, raising a ValueError whose message starts with
+``GTPOConfig.<field>`` (:func:`check` turns it into a :class:`gtpo.errors.ConfigValueError` naming that field).
+
+This module imports nothing from torch or the rest of the package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any
+
+from ..errors import ConfigValueError
+from .declarations import (AGGREGATIONS, COMPLETION_REDUCTIONS, COMPLETION_SIGNS, CONFLICT_COMBINE, CONFLICT_COUNT,
+                           ENTROPY_RULES, FILTER_SCOPES, GAMMA_GROUPS, LOSS_TYPES, OPTIMIZERS, REPORT_TARGETS,
+                           RUN_DTYPES, SCALE_REWARDS, VLLM_DTYPES, VLLM_IS_MODES, field_annotation, type_problem)
+
+
+def settle(config: Any) -> None:
+    """GTPOConfig's ``__post_init__``: TRL's ``num_generations`` taken as ``group_size``, ``report_to`` and tuples
+    stored as lists, :meth:`GTPOConfig.validate`, then an int given for a float field stored as a float."""
+    trl_name = config.num_generations is not None
+    if trl_name:  # TRL's name of group_size
+        default = type(config).__dataclass_fields__["group_size"].default
+        if config.group_size not in (default, config.num_generations):
+            raise ConfigValueError(
+                f"GTPOConfig.num_generations={config.num_generations!r} is TRL's name of group_size, which is "
+                f"{config.group_size!r}: set one of them", "num_generations")
+        config.group_size, config.num_generations = config.num_generations, None
+    if isinstance(config.report_to, str):
+        config.report_to = [config.report_to]
+    if isinstance(config.report_to, (list, tuple)):
+        config.report_to = [t for t in config.report_to if t not in ("none", "")]
+    for name in ("eval_k", "reward_weights"):  # tuples are accepted; stored as lists (JSON round trip)
+        if isinstance(getattr(config, name), tuple):
+            setattr(config, name, list(getattr(config, name)))
+    try:
+        config.validate()
+    except ConfigValueError as err:
+        if trl_name and err.field == "group_size":  # the user wrote TRL's name: say that one
+            raise ConfigValueError(f"{err} (given as num_generations, TRL's name of group_size)",
+                                   "num_generations") from None
+        raise
+    for f in dataclasses.fields(config):  # an int given for a float field is stored as a float
+        value = getattr(config, f.name)
+        if field_annotation(f) in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
+            setattr(config, f.name, float(value))
+
+
+def check(config: Any) -> None:
+    """:func:`check_values`, a ValueError turned into a :class:`ConfigValueError` naming the field its message
+    starts with (``GTPOConfig.<field>``)."""
+    try:
+        check_values(config)
+    except ConfigValueError:
+        raise
+    except ValueError as err:  # every message starts with "GTPOConfig.<field>"
+        found = re.match(r"GTPOConfig\.(\w+)", str(err))
+        raise ConfigValueError(str(err), found.group(1) if found else None) from None
+
+
+def check_values(config: Any) -> None:
+    """Every check of :meth:`GTPOConfig.validate` (which turns a ValueError into a :class:`ConfigValueError`):
+    each value against its annotation, then ranges and choices, then combinations of fields."""
+    for f in dataclasses.fields(config):
+        problem = type_problem(getattr(config, f.name), field_annotation(f))
+        if problem:
+            raise ValueError(f"GTPOConfig.{f.name} must be {problem}, got {getattr(config, f.name)!r}")
+
+    def choice(name: str, options: tuple, allow_none: bool = False) -> None:
+        value = getattr(config, name)
+        if value is None and allow_none:
+            return
+        if value not in options:
+            raise ValueError(f"GTPOConfig.{name} must be one of {list(options)}, got {value!r}")
+
+    def at_least(name: str, low: float, *, allow_none: bool = False, strict: bool = False,
+                 allow_inf: bool = False) -> None:
+        value = getattr(config, name)
+        if value is None and allow_none:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise ValueError(f"GTPOConfig.{name} must be a number, got {value!r}")
+        if math.isinf(value) and not allow_inf:
+            raise ValueError(f"GTPOConfig.{name} must be a finite number, got {value!r}")
+        if value < low or (strict and value == low):
+            rel = ">" if strict else ">="
+            raise ValueError(f"GTPOConfig.{name} must be {rel} {low}, got {value!r}")
+
+    choice("loss_type", LOSS_TYPES)
+    choice("scale_rewards", SCALE_REWARDS, allow_none=True)
+    choice("loss_aggregation", AGGREGATIONS, allow_none=True)
+    choice("conflict_combine", CONFLICT_COMBINE)
+    choice("conflict_count", CONFLICT_COUNT)
+    choice("completion_reduction", COMPLETION_REDUCTIONS)
+    choice("entropy_rule", ENTROPY_RULES)
+    choice("entropy_filter_scope", FILTER_SCOPES)
+    choice("gamma_groups", GAMMA_GROUPS)
+    choice("completion_sign", COMPLETION_SIGNS)
+    if isinstance(config.group_size, bool) or not isinstance(config.group_size, int) or config.group_size < 2:
+        raise ValueError(
+            f"GTPOConfig.group_size must be an integer >= 2 (advantages are relative to the group), "
+            f"got {config.group_size!r}"
+        )
+    for name in ("prompts_per_step", "max_steps", "num_iterations", "max_prompt_length", "max_completion_length"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"GTPOConfig.{name} must be an integer >= 1, got {value!r}")
+    for name in ("logging_steps", "eval_num_samples", "max_consecutive_skips"):
+        if getattr(config, name) < 1:
+            raise ValueError(f"GTPOConfig.{name} must be an integer >= 1, got {getattr(config, name)!r}")
+    for name in ("save_steps", "eval_steps", "log_completions_steps", "overlong_buffer_length", "max_resample_rounds",
+                 "num_completions_to_print", "top_k"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"GTPOConfig.{name} must be an integer >= 0, got {value!r}")
+    for name in ("micro_batch_size", "generation_batch_size", "logprob_chunk_size", "eval_max_new_tokens"):
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            raise ValueError(f"GTPOConfig.{name} must be None or an integer >= 1, got {value!r}")
+    if config.save_total_limit is not None and config.save_total_limit < 0:
+        raise ValueError(f"GTPOConfig.save_total_limit must be None or an integer >= 0, got {config.save_total_limit!r}")
+    if config.overlong_buffer_length > config.max_completion_length:
+        raise ValueError(
+            f"GTPOConfig.overlong_buffer_length ({config.overlong_buffer_length}) must be at most "
+            f"max_completion_length ({config.max_completion_length})"
+        )
+    for name in ("pos_weight", "neg_weight"):
+        if not math.isfinite(getattr(config, name)):
+            raise ValueError(f"GTPOConfig.{name} must be a finite number, got {getattr(config, name)!r}")
+    for name in ("adam_beta1", "adam_beta2"):
+        value = getattr(config, name)
+        if math.isnan(value) or not 0.0 <= value < 1.0:
+            raise ValueError(f"GTPOConfig.{name} must be in [0, 1), got {value!r}")
+    at_least("repetition_penalty", 0.0, strict=True)
+    at_least("adam_epsilon", 0.0)
+    at_least("overlong_penalty_factor", 0.0)
+    at_least("eval_temperature", 0.0)
+    at_least("temperature", 0.0, strict=True)
+    at_least("logprob_temperature", 0.0, strict=True, allow_none=True)
+    at_least("learning_rate", 0.0)
+    at_least("epsilon", 0.0)
+    at_least("epsilon_high", 0.0, allow_none=True)
+    at_least("beta", 0.0)
+    at_least("gamma", 0.0, allow_none=True)
+    at_least("entropy_threshold", 0.0, allow_inf=True)  # inf: the filter never drops anything
+    at_least("max_grad_norm", 0.0, allow_inf=True)  # inf (like 0): no clipping
+    at_least("weight_decay", 0.0)
+    at_least("warmup_ratio", 0.0)
+    at_least("warmup_steps", 0.0)
+    if not 0.0 < config.top_p <= 1.0:
+        raise ValueError(f"GTPOConfig.top_p must be in (0, 1], got {config.top_p!r}")
+    if config.warmup_ratio > 1.0:
+        raise ValueError(f"GTPOConfig.warmup_ratio must be in [0, 1], got {config.warmup_ratio!r}")
+    if config.loss_type == "gtpo" and config.beta > 0:
+        raise ValueError(
+            "GTPOConfig.beta must be 0 for loss_type='gtpo': GTPO drops the KL term and loads no "
+            f"reference model (arXiv 2508.03772), got beta={config.beta!r}"
+        )
+    check_baseline_purity(config)
+    if config.loss_type == "gtpo" and config.loss_aggregation is not None:
+        raise ValueError(
+            "GTPOConfig.loss_aggregation applies to grpo/dr_grpo/dapo; GTPO uses completion_reduction "
+            f"and divide_by_conflict_count instead, got loss_aggregation={config.loss_aggregation!r}"
+        )
+    check_vllm(config)
+    bad = [t for t in config.report_to if t not in REPORT_TARGETS]
+    if bad:
+        raise ValueError(f"GTPOConfig.report_to entries must be in {list(REPORT_TARGETS)}, got {bad!r}")
+    if config.reward_weights is not None and not all(
+        isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in config.reward_weights
+    ):
+        raise ValueError(f"GTPOConfig.reward_weights must be a list of finite numbers, got {config.reward_weights!r}")
+    _check_model_init_kwargs(config.model_init_kwargs)
+    check_precision(config)
+    if not config.eval_k or any((not isinstance(k, int)) or k < 1 for k in config.eval_k):
+        raise ValueError(f"GTPOConfig.eval_k must be a non-empty list of integers >= 1, got {config.eval_k!r}")
+
+def check_baseline_purity(config: Any) -> None:
+    """A baseline loss with GTPO's switches on is refused unless ``gtpo_ablation`` says it is meant."""
+    on = config.gtpo_switches_on()
+    if on and not config.gtpo_ablation:
+        raise ValueError(
+            f"GTPOConfig.loss_type={config.loss_type!r} is a baseline, but GTPO's {', '.join(on)} would change it "
+            f"(a {config.loss_type} run mixed with GTPO). For the pure baseline unset them (null, or "
+            "gamma: 0 / entropy_filter: false / conflict_masks: false / completion_sign: all), e.g. start from "
+            f"--preset {config.loss_type} without a GTPO YAML; for an ablation that adds them to {config.loss_type}, "
+            "set gtpo_ablation: true (--gtpo_ablation true)"
+        )
+
+def check_vllm(config: Any) -> None:
+    """The vLLM fields: choices, ranges, and what ``use_vllm`` needs."""
+    if config.vllm_dtype not in VLLM_DTYPES:
+        raise ValueError(f"GTPOConfig.vllm_dtype must be one of {list(VLLM_DTYPES)}, got {config.vllm_dtype!r}")
+    if config.vllm_importance_sampling_mode not in VLLM_IS_MODES:
+        raise ValueError(f"GTPOConfig.vllm_importance_sampling_mode must be one of {list(VLLM_IS_MODES)}, got "
+                         f"{config.vllm_importance_sampling_mode!r}")
+    util = config.vllm_gpu_memory_utilization
+    if math.isnan(util) or not 0.0 < util <= 1.0:
+        raise ValueError(f"GTPOConfig.vllm_gpu_memory_utilization must be in (0, 1], got {util!r}")
+    for name in ("vllm_kv_cache_memory_bytes", "vllm_max_model_length"):
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            raise ValueError(f"GTPOConfig.{name} must be None or an integer >= 1, got {value!r}")
+    low, high = config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max
+    for name, value in (("vllm_importance_sampling_clip_min", low), ("vllm_importance_sampling_clip_max", high)):
+        if value is not None and (math.isnan(value) or value < 0):
+            raise ValueError(f"GTPOConfig.{name} must be None or a number >= 0, got {value!r}")
+    if high is not None and high <= 0:
+        raise ValueError(f"GTPOConfig.vllm_importance_sampling_clip_max must be None or > 0, got {high!r}")
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"GTPOConfig.vllm_importance_sampling_clip_min ({low}) must be at most "
+                         f"vllm_importance_sampling_clip_max ({high})")
+    if not config.use_vllm:
+        return
+    need = config.max_prompt_length + config.max_completion_length
+    if config.vllm_max_model_length is not None and config.vllm_max_model_length < need:
+        raise ValueError(
+            f"GTPOConfig.vllm_max_model_length ({config.vllm_max_model_length}) must hold max_prompt_length + "
+            f"max_completion_length = {need} tokens; raise it or leave it None")
+    if config.vllm_importance_sampling_correction and config.vllm_logprobs_mode is None:
+        raise ValueError(
+            "GTPOConfig.vllm_importance_sampling_correction=True needs vLLM's log-probs at logprob_temperature "
+            f"({config.logprob_temperature}), but vLLM gives them only at the sampling temperature "
+            f"({config.temperature}) or at 1.0: the ratio would correct the temperature change, not the sampler's "
+            "mismatch. Leave it None (off here), or set logprob_temperature to null, the temperature or 1.0")
+
+def check_precision(config: Any) -> None:
+    """``dtype``, ``optim``, and ``dtype`` / ``model_init_kwargs.dtype`` / ``bf16`` agreeing."""
+    if config.dtype is not None and config.dtype not in RUN_DTYPES:
+        raise ValueError(f"GTPOConfig.dtype must be None or one of {list(RUN_DTYPES)}, got {config.dtype!r}")
+    if config.optim not in OPTIMIZERS:
+        raise ValueError(f"GTPOConfig.optim must be one of {list(OPTIMIZERS)} (transformers' and TRL's names), "
+                         f"got {config.optim!r}")
+    loaded = (config.model_init_kwargs or {}).get("dtype")
+    if config.dtype is not None and loaded is not None and loaded != config.dtype:
+        raise ValueError(f"GTPOConfig.dtype ({config.dtype!r}) and model_init_kwargs.dtype ({loaded!r}) disagree: "
+                         "set one of them (dtype is the run's precision; docs/gpu.md)")
+    if config.bf16 and config.requested_dtype not in ("bfloat16", "auto"):
+        where = "dtype" if config.dtype is not None else "model_init_kwargs.dtype"
+        raise ValueError(f"GTPOConfig.bf16 is true but {where} is {config.requested_dtype!r}: bf16: true means "
+                         "dtype: bfloat16; set one of them")
+
+
+# ----------------------------------------------------------------------------- model loading options
+MODEL_DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+def _check_model_init_kwargs(kwargs: Any) -> None:
+    """``model_init_kwargs``: a mapping; ``dtype`` one of :data:`MODEL_DTYPES`; ``quantization_config``
+    a mapping (of ``transformers.BitsAndBytesConfig`` fields)."""
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ValueError(f"GTPOConfig.model_init_kwargs must be a mapping of from_pretrained arguments, got {kwargs!r}")
+    if "torch_dtype" in kwargs:
+        raise ValueError("GTPOConfig.model_init_kwargs: use 'dtype' (transformers >= 4.56), not 'torch_dtype'")
+    dtype = kwargs.get("dtype")
+    if dtype is not None and dtype not in MODEL_DTYPES:
+        raise ValueError(f"GTPOConfig.model_init_kwargs.dtype must be one of {list(MODEL_DTYPES)}, got {dtype!r}")
+    quant = kwargs.get("quantization_config")
+    if quant is not None and not isinstance(quant, dict):
+        raise ValueError("GTPOConfig.model_init_kwargs.quantization_config must be a mapping of BitsAndBytesConfig "
+                         f"fields (e.g. {{load_in_4bit: true, bnb_4bit_quant_type: nf4}}), got {quant!r}")
