@@ -12,8 +12,8 @@ accuracy``); none means all. For the chosen claims it
    ``experiments/.cache/``);
 2. runs every training run the claims need, each one ``gtpo train <base YAML> <method overrides>
    --seed S --max_steps N --output_dir experiments/runs/...`` executed in this process through
-   ``gtpo.cli.train_main`` (the ``gtpo train`` command itself), runs shared by several claims once;
-   the SFT baseline through ``gtpo sft`` (``gtpo.cli.sft_main``);
+   ``gtpo.app`` as ``gtpo train`` runs it (``experiments.protocol.tinyruns.train``), runs shared by several
+   claims once; the SFT baseline as ``gtpo sft`` runs it (``gtpo.app.sft``);
 3. evaluates claim 7's final models on the held-out split (``gtpo.evaluation.evaluate``: pass@k,
    maj@k, format rate);
 4. averages every run's metrics over the seeds (mean ± std), plots the seed-mean curves of each
@@ -358,9 +358,22 @@ def _cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _sft(argv: list[str]) -> int:
+    """``gtpo sft ARGV`` through ``gtpo.app.sft``, as the CLI runs it: a YAML path first (optional), then ``--field
+    value`` overrides; no arguments or ``--demo`` start from the offline default run."""
+    from gtpo.app import parse_overrides
+    from gtpo.app.sft import resolve_sft_spec, run_sft_job
+
+    rest = [a for a in argv if a != "--demo"]
+    config_path = rest.pop(0) if rest and not rest[0].startswith("--") else None
+    spec, source, options = resolve_sft_spec(config_path, parse_overrides(rest), demo=not argv or "--demo" in argv)
+    run_sft_job(spec, source=source, options=options)
+    return 0
+
+
 def execute(run: Run) -> None:
-    """Train (or resume) one run through the project's CLI, in this process."""
-    from gtpo import cli
+    """Train (or resume) one run through gtpo's application layer, in this process."""
+    from experiments.protocol.tinyruns import train
     from gtpo.errors import TrainingStopped
 
     state, step = status(run)
@@ -385,7 +398,7 @@ def execute(run: Run) -> None:
     t0, c0 = time.time(), _cpu_seconds()
     stopped = None
     try:
-        rc = cli.train_main(argv) if run.kind == "train" else cli.sft_main(argv)
+        rc = train(argv) if run.kind == "train" else _sft(argv)
     except TrainingStopped as err:  # the run stopped itself (non-finite steps): that is its result
         rc, stopped = 1, str(err)
     earlier = _read_json(os.path.join(run.dir, "suite_status.json")) or {}
