@@ -93,7 +93,6 @@ class GTPOTrainer:
                  args: GTPOConfig | None = None, processing_class=None, peft_config=None, eval_dataset=None,
                  eval_reward_func: Callable | None = None, probe_texts: dict[str, tuple[str, str]] | None = None,
                  precision: Precision | None = None):
-        from accelerate import Accelerator
         from accelerate.utils import set_seed
 
         from .run import build as setup
@@ -110,9 +109,10 @@ class GTPOTrainer:
 
             require_vllm("GTPOConfig.use_vllm")
         check_trackers(args.report_to, where="GTPOConfig.report_to")  # a missing tracker would log nothing
-        # bf16 autocast is the policy's own (PolicyForward, sampling): accelerate's mixed precision stays off
-        self.accelerator = acc = Accelerator(log_with=list(args.report_to) or None, project_dir=args.output_dir,
-                                             cpu=cpu_only())
+        # bf16 autocast is the policy's own (PolicyForward, sampling): accelerate's mixed precision stays off,
+        # whatever the launcher says (a conflicting setting is named in a warning once the dtype is known)
+        self.accelerator = acc = setup.accelerator_without_mixed_precision(
+            log_with=list(args.report_to) or None, project_dir=args.output_dir, cpu=cpu_only())
         if args.prompts_per_step % acc.num_processes:
             raise ValueError(
                 f"GTPOConfig.prompts_per_step ({args.prompts_per_step}) must be divisible by the number of "
@@ -129,6 +129,7 @@ class GTPOTrainer:
         self.tokenizer = setup.prepare_tokenizer(processing_class, model)
         self.is_peft = peft_config is not None
         self.precision = precision or setup.run_precision(args, model, adapter=self.is_peft, device=acc.device)
+        setup.launcher_mixed_precision(self.precision.compute, where="GTPOTrainer")
         base_model = setup.load_policy_model(model, args, peft_config=peft_config, precision=self.precision,
                                              device=acc.device)
         ref_model = setup.build_reference_model(base_model, args, adapter=self.is_peft, precision=self.precision)

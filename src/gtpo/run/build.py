@@ -166,6 +166,45 @@ def vllm_dtype_name(requested: str, precision: Precision) -> str:
     return str(precision.compute).removeprefix("torch.")
 
 
+#: accelerate's mixed-precision names and the compute dtype each would autocast to
+_LAUNCHER_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def launcher_mixed_precision(compute: torch.dtype, *, where: str) -> str | None:
+    """The mixed precision a launcher asked accelerate for (``accelerate launch --mixed_precision``, a default
+    accelerate config, ``ACCELERATE_MIXED_PRECISION``: all reach the process as that variable) when it
+    differs from the run's compute dtype ``compute``; None when unset, ``no``, or the same dtype. The run's
+    ``dtype`` decides: gtpo keeps accelerate's mixed precision off (its own autocast, :class:`Precision`),
+    so a conflicting setting is ignored with a warning naming both (``where``: the run, as in the message)
+    -- not refused, because a machine-wide default accelerate config would otherwise fail every float32
+    run on that machine (docs/gpu.md)."""
+    import os
+
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
+    if launcher in ("", "no") or _LAUNCHER_DTYPES.get(launcher) == compute:
+        return None
+    run = str(compute).removeprefix("torch.")
+    logger.warning("%s: the launcher's mixed precision (ACCELERATE_MIXED_PRECISION=%s, from `accelerate launch "
+                   "--mixed_precision` or the accelerate config) is ignored: the run's dtype=%s decides (set "
+                   "`dtype: %s` to compute in it)", where, launcher, run,
+                   {"bf16": "bfloat16", "fp16": "float16"}.get(launcher, launcher))
+    return launcher
+
+
+def accelerator_without_mixed_precision(**kwargs):
+    """``accelerate.Accelerator(mixed_precision="no", **kwargs)``: gtpo's autocast is its own (:class:`Precision`),
+    so accelerate's stays off whatever the launcher or an earlier accelerator of this process set (an
+    accelerator state already made with another mixed precision, e.g. by a TRL run in the same notebook, is
+    reset; the process state -- devices, process group -- is kept)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    state = AcceleratorState._shared_state
+    if state and state.get("_mixed_precision", "no") != "no":
+        AcceleratorState._reset_state(reset_partial_state=False)
+    return Accelerator(mixed_precision="no", **kwargs)
+
+
 # ----------------------------------------------------------------------------- the policy model
 def cpu_only() -> bool:
     """True when no accelerator device is present: the run is on CPU, and with several processes

@@ -362,7 +362,15 @@ class TRLGTPOConfig(GRPOConfig):
                        steps_per_generation=local // micro)
         out.update({name: getattr(c, name) for name in SHARED_VLLM_FIELDS if name in given})
         out.update(trl_options)
-        return cls(**out)
+        args = cls(**out)
+        # a float32 run: transformers took ACCELERATE_MIXED_PRECISION (the launcher's) for TRL's Accelerator
+        # when neither bf16 nor fp16 is set; the run's dtype decides, as on gtpo's engine (DeepSpeed: its config)
+        if not (args.bf16 or args.fp16 or args.deepspeed) and getattr(args, "mixed_precision", "no") != "no":
+            from ...run.build import launcher_mixed_precision
+
+            launcher_mixed_precision(torch.float32, where="TRL's engine")
+            args.mixed_precision = "no"
+        return args
 
 
 def trl_precision(config: GTPOConfig, *, adapter: bool | None = None, cpu: bool = False) -> dict[str, Any]:
