@@ -32,7 +32,9 @@ trainer and through TRL's engine (:class:`gtpo.integrations.trl.TRLGTPOTrainer`)
 the largest gradient difference (skipped where trl or datasets cannot be imported).
 
 Everything goes to ``$OUT/gpu_check.json`` (one JSON object) and a table; a part that raises is
-recorded under ``failures`` and the others still run. Record the numbers in docs/performance.md
+recorded under ``failures`` and the others still run. ``parts`` gives each part's status: ``passed``,
+``failed``, or ``skipped`` with the reason (a part that could not run checked nothing: never "ok");
+``ok`` and the exit status (0 or 1) say whether every part that ran passed. Record the numbers in docs/performance.md
 with the date and the GPU.
 """
 
@@ -77,6 +79,24 @@ PROMPTS = [f"What is {a} + {b}? Think step by step and give the answer." for a, 
 
 
 # ----------------------------------------------------------------------------- helpers
+def skipped(reason: str) -> dict:
+    """The result of a part that could not run: ``skipped`` with ``reason``, and no ``ok`` (it checked nothing)."""
+    return {"status": "skipped", "reason": reason}
+
+
+def part_status(value: dict | None, error: str | None) -> dict:
+    """What a part's ``value`` (or its ``error``, when it raised) says: ``failed`` (it raised, or its check
+    says ``ok: False``), ``skipped`` with the reason (it could not run), else ``passed`` (its check held, or a
+    measuring part completed)."""
+    if error is not None:
+        return {"status": "failed", "error": error}
+    if isinstance(value, dict) and value.get("status") == "skipped":
+        return {"status": "skipped", "reason": value.get("reason", "?")}
+    if isinstance(value, dict) and value.get("ok") is False:
+        return {"status": "failed", "error": "its check failed (ok: false)"}
+    return {"status": "passed"}
+
+
 class Ctx:
     """The run's settings: device, sizes (full or --quick), scratch directory, the tokenizer."""
 
@@ -288,7 +308,7 @@ def check_qlora_grad(ctx: Ctx) -> dict:
     import importlib.util
 
     if importlib.util.find_spec("bitsandbytes") is None:
-        return {"skipped": "bitsandbytes is not installed", "ok": True}
+        return skipped("bitsandbytes is not installed")
     model = build_model(ctx, ctx.arch("llama3.1-8b", num_hidden_layers=2, vocab_size=32000 if not ctx.quick else 1024),
                         dtype=torch.bfloat16, length=8, device="cpu")
     path = save_model(ctx, model, "qlora-grad")
@@ -334,7 +354,7 @@ def run_steps(ctx: Ctx, name: str, *, arch: str, peft, quantized: bool, steps: i
     import importlib.util
 
     if quantized and importlib.util.find_spec("bitsandbytes") is None:
-        return {"skipped": "bitsandbytes is not installed"}
+        return skipped("bitsandbytes is not installed")
     if quantized:  # the trainer loads it from a path, as a user's run does (4-bit on this process's device)
         model = build_model(ctx, ctx.arch(arch), dtype=torch.bfloat16, length=T, device="cpu" if ctx.quick else None)
         source = save_model(ctx, model, name.replace(" ", "-"))
@@ -387,7 +407,9 @@ def dtype_contract(steps: dict) -> dict:
             bad["frozen"] = got["frozen"]
         out[name] = {"got": got, "mismatch": bad}
         ok &= not bad
-    out["ok"] = bool(ok) if out else None  # None: no step ran (--only)
+    if not out:
+        return skipped("no step of (b) ran: --only, or each was skipped or failed")
+    out["ok"] = bool(ok)
     return out
 
 
@@ -398,7 +420,7 @@ def trl_vs_ours(ctx: Ctx) -> dict:
 
         from gtpo.integrations.trl import TRLGTPOConfig, TRLGTPOTrainer
     except ImportError as err:
-        return {"skipped": f"{type(err).__name__}: {err}", "ok": True}
+        return skipped(f"{type(err).__name__}: {err}")
 
     from gtpo import GTPOConfig, GTPOTrainer
     from gtpo.maths.advantages import group_advantages
@@ -504,7 +526,8 @@ def main(argv=None) -> int:
 
     result = {"date": time.strftime("%Y-%m-%d"), "device": where, "torch": torch.__version__,
               "cuda": torch.version.cuda, "transformers": transformers.__version__, "quick": ctx.quick,
-              "T": ctx.T, "G": ctx.G, "correctness": {}, "steps": {}, "trl_vs_ours": {}, "failures": {}}
+              "T": ctx.T, "G": ctx.G, "correctness": {}, "steps": {}, "trl_vs_ours": {}, "failures": {},
+              "parts": {}}
     print(f"gpu_check on {where}: torch {torch.__version__} (CUDA {torch.version.cuda}), transformers "
           f"{transformers.__version__}; {'toy sizes' if ctx.quick else 'Qwen2.5-3B / Llama-3.1-8B architectures'}",
           flush=True)
@@ -530,30 +553,38 @@ def main(argv=None) -> int:
         if only is not None and group not in only:
             continue
         t0 = time.perf_counter()
+        error = None
         try:
             bucket[key] = fn()
         except Exception as err:  # noqa: BLE001 -- recorded; the other parts still run
-            result["failures"][key] = f"{type(err).__name__}: {err}"
+            result["failures"][key] = error = f"{type(err).__name__}: {err}"
             traceback.print_exc()
             ctx.free()
+        result["parts"][key] = part_status(bucket.get(key), error)
         print(f"[{time.perf_counter() - started:6.1f} s] {key} ({time.perf_counter() - t0:.1f} s): "
               f"{json.dumps(bucket.get(key), default=str)[:800]}", flush=True)
         result["wall_s"] = time.perf_counter() - started
         write_result(result)  # after every part: a run stopped at its time limit keeps what it measured
     result["correctness"]["dtypes"] = dtype_contract(result["steps"])
+    result["parts"]["dtypes"] = part_status(result["correctness"]["dtypes"], None)
     result["wall_s"] = time.perf_counter() - started
+    ran = {k: v for k, v in result["parts"].items() if v["status"] != "skipped"}
+    result["ok"] = all(v["status"] == "passed" for v in ran.values())  # every part that ran passed
 
     rows = [(k, v) for k, v in result["steps"].items() if "steps" in v]
     print(f"\n{'variant':26} {'params B':>8} {'T':>5} {'sampled tok/s':>13} {'update s':>9} {'peak GiB':>9}")
     for name, v in rows:
         peak = "-" if v["peak_gib"] is None else f"{v['peak_gib']:.1f}"
         print(f"{name:26} {v['params_b']:8.2f} {v['T']:5d} {v['tokens_per_s']:13.0f} {v['update_s']:9.2f} {peak:>9}")
-    checks = {**{k: v.get("ok") for k, v in result["correctness"].items()}, "trl_vs_ours": result["trl_vs_ours"].get("ok")}
-    print("checks:", ", ".join(f"{k} {'ok' if v else 'FAILED' if v is not None else '-'}" for k, v in checks.items()))
+    print("parts:", ", ".join(f"{k} {v['status'].upper() if v['status'] == 'failed' else v['status']}"
+                              + (f" ({v['reason']})" if v["status"] == "skipped" else "")
+                              for k, v in result["parts"].items()))
     if result["failures"]:
         print("failures:", json.dumps(result["failures"]))
+    print(f"{len(ran)} of {len(result['parts'])} parts ran; "
+          + ("every one passed" if result["ok"] else "NOT every one passed"))
     print(write_result(result))
-    return 0 if not result["failures"] and all(v is not False for v in checks.values()) else 1
+    return 0 if result["ok"] else 1
 
 
 if __name__ == "__main__":

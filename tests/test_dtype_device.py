@@ -479,3 +479,36 @@ def test_gpu_check_runs_on_cpu_quick(tmp_path):
     for name in ("bf16 LoRA", "QLoRA", "full fine-tuning"):
         assert result["steps"][name]["tokens_per_s"] > 0, name
     assert result["trl_vs_ours"]["ok"], result["trl_vs_ours"]
+    # every part ran here (bitsandbytes, trl installed), so each says passed
+    assert result["ok"] is True and {v["status"] for v in result["parts"].values()} == {"passed"}, result["parts"]
+
+
+def _gpu_check_module():
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "bench", "gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("decode_ok", [True, False])
+def test_gpu_check_skipped_parts_say_skipped_and_do_not_count(tmp_path, monkeypatch, decode_ok):
+    """A part that could not run (bitsandbytes or gtpo's TRL engine missing, no step for the dtype table) is
+    ``skipped`` with its reason, never ``ok``; the exit status says whether every part that ran passed."""
+    gpu_check = _gpu_check_module()
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)          # find_spec: not installed
+    monkeypatch.setitem(sys.modules, "gtpo.integrations.trl", None)  # import raises ImportError
+    monkeypatch.setattr(gpu_check, "check_decode", lambda ctx: {"same_tokens": 1.0, "ok": decode_ok})
+    code = gpu_check.main(["--cpu", "--quick", "--only", "decode,qlora_grad,trl"])
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    for name, value in [("qlora_grad", result["correctness"]["qlora_grad"]),
+                        ("trl_vs_ours", result["trl_vs_ours"]), ("dtypes", result["correctness"]["dtypes"])]:
+        assert "ok" not in value and value["status"] == "skipped" and value["reason"], (name, value)
+        assert result["parts"][name]["status"] == "skipped" and result["parts"][name]["reason"], name
+    assert "bitsandbytes" in result["parts"]["qlora_grad"]["reason"]
+    assert "gtpo.integrations.trl" in result["parts"]["trl_vs_ours"]["reason"]
+    assert result["parts"]["decode"]["status"] == ("passed" if decode_ok else "failed")
+    assert result["ok"] is decode_ok and code == (0 if decode_ok else 1)
