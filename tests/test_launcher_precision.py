@@ -1,6 +1,8 @@
 """A launcher's mixed precision (``accelerate launch --mixed_precision``, ``ACCELERATE_MIXED_PRECISION``, a default
-accelerate config) never changes a run: the run's ``dtype`` decides (issue 42, defect 1)."""
+accelerate config) never changes a run: the run's ``dtype`` decides (issue 42, defect 1); the bf16 reference model
+is built without a float32 copy of the master weights (issue 42, defect 8a)."""
 
+import copy
 import logging
 
 import pytest
@@ -71,3 +73,52 @@ def test_trl_engine_float32_run_ignores_launcher_bf16(tiny_model_path, tmp_path,
     with caplog.at_level(logging.WARNING, logger="gtpo"):
         bf16 = TRLGTPOConfig.from_gtpo_config(cfg.replace(dtype="bfloat16"), use_cpu=True)
     assert bf16.mixed_precision == "bf16" and "ACCELERATE_MIXED_PRECISION" not in caplog.text
+
+
+# ----------------------------------------------------------------------------- the reference model (defect 8a)
+class Float32Allocations(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the bytes of the new float32 tensors that aten ops produce (copies, casts, clones) while active;
+    views of an input (``detach``, ``view``) share its storage and allocate nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {a.untyped_storage().data_ptr() for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                  if isinstance(a, torch.Tensor)}
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and \
+                    t.untyped_storage().data_ptr() not in inputs:
+                self.bytes += t.numel() * t.element_size()
+        return out
+
+
+def test_bf16_reference_model_is_built_without_a_float32_copy(tiny_model_path):
+    """Full fine-tuning in bf16 holds float32 master weights; its KL reference is a bf16 copy. It equals the
+    deep copy cast to bf16 (values, dtypes, device, frozen, eval, tied head) and is built without a float32
+    copy of the weights (+4 bytes per parameter at the peak: 32 GB for an 8B model)."""
+    from gtpo.run.build import Precision, build_reference_model
+    from gtpo.run.models import load_model
+
+    base = load_model(tiny_model_path, dtype=torch.float32)
+    cfg = GTPOConfig(loss_type="grpo", beta=0.04, dtype="bfloat16")
+    precision = Precision(compute=torch.bfloat16, load=torch.float32)
+    weights = sum(p.numel() * p.element_size() for p in base.parameters())
+    with Float32Allocations() as counted:
+        ref = build_reference_model(base, cfg, adapter=False, precision=precision)
+    assert counted.bytes < weights / 10, (counted.bytes, weights)  # before: the whole float32 model was copied
+
+    want = copy.deepcopy(base).eval().requires_grad_(False).to(torch.bfloat16)
+    got_state, want_state = ref.state_dict(), want.state_dict()
+    assert got_state.keys() == want_state.keys()
+    for name, value in want_state.items():
+        assert got_state[name].dtype == value.dtype and got_state[name].device == value.device, name
+        assert torch.equal(got_state[name], value), name
+    for (name, p), (_, q) in zip(ref.named_buffers(), want.named_buffers()):
+        assert p.dtype == q.dtype and torch.equal(p, q), name
+    assert not any(p.requires_grad for p in ref.parameters()) and not ref.training
+    assert ref.get_output_embeddings().weight is ref.get_input_embeddings().weight  # still tied
+    assert all(p.dtype == torch.float32 and p.requires_grad for p in base.parameters())  # the policy untouched
+    assert not any(p.data_ptr() == q.data_ptr() for p in ref.parameters() for q in base.parameters())
