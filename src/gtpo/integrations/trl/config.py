@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -364,12 +365,19 @@ class TRLGTPOConfig(GRPOConfig):
         out.update(trl_options)
         args = cls(**out)
         # a float32 run: transformers took ACCELERATE_MIXED_PRECISION (the launcher's) for TRL's Accelerator
-        # when neither bf16 nor fp16 is set; the run's dtype decides, as on gtpo's engine (DeepSpeed: its config)
-        if not (args.bf16 or args.fp16 or args.deepspeed) and getattr(args, "mixed_precision", "no") != "no":
+        # when neither bf16 nor fp16 is set; the run's dtype decides, as on gtpo's engine (DeepSpeed: its config).
+        # transformers 5 keeps it in args.mixed_precision; transformers 4 writes it back to the variable, which
+        # its Accelerator reads (so the variable is set to "no" there, as transformers 4 itself sets it)
+        v5 = hasattr(args, "mixed_precision")
+        launcher = args.mixed_precision if v5 else os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+        if not (args.bf16 or args.fp16 or args.deepspeed) and launcher != "no":
             from ...run.build import launcher_mixed_precision
 
             launcher_mixed_precision(torch.float32, where="TRL's engine")
-            args.mixed_precision = "no"
+            if v5:
+                args.mixed_precision = "no"
+            else:
+                os.environ["ACCELERATE_MIXED_PRECISION"] = "no"
         return args
 
 
