@@ -137,7 +137,8 @@ class GTPOTrainer:
 
         # rewards and data
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        self.scorer = RewardScorer([f if callable(f) else resolve_reward(f) for f in funcs], args.reward_weights)
+        self.scorer = RewardScorer([f if callable(f) else resolve_reward(f) for f in funcs], args.reward_weights,
+                                   device=acc.device)
         self.train_dataset, self._prompt_ids, self.dropped_prompts = encode_dataset_prompts(
             as_dataset(train_dataset, "train_dataset"), self.tokenizer, args.max_prompt_length)
         self.eval_dataset = None if eval_dataset is None else as_dataset(eval_dataset, "eval_dataset")
