@@ -681,5 +681,7 @@ class GTPOTrainer:
         self._stop_signal = signum
 
     def save_model(self, output_dir: str | None = None) -> None:
-        """Save the final model (or adapter) and tokenizer, replacing the old files atomically."""
-        self.run_dir.save_model(self.unwrapped_model, self.tokenizer, output_dir)
+        """Save the final model (or adapter) and tokenizer, replacing the old files atomically; a full model in the
+        run's dtype unless ``save_dtype`` is 'float32' (adapters as trained)."""
+        dtype = None if self.is_peft or self.args.save_dtype == "float32" else self.precision.compute
+        self.run_dir.save_model(self.unwrapped_model, self.tokenizer, output_dir, dtype=dtype)
