@@ -15,7 +15,8 @@ from typing import Any
 from ..errors import ConfigValueError
 from .declarations import (AGGREGATIONS, COMPLETION_REDUCTIONS, COMPLETION_SIGNS, CONFLICT_COMBINE, CONFLICT_COUNT,
                            ENTROPY_RULES, FILTER_SCOPES, GAMMA_GROUPS, LOSS_TYPES, OPTIMIZERS, REPORT_TARGETS,
-                           RUN_DTYPES, SAVE_DTYPES, SCALE_REWARDS, VLLM_DTYPES, VLLM_IS_MODES, field_annotation, type_problem)
+                           RUN_DTYPES, SAVE_DTYPES, SCALE_REWARDS, VLLM_DTYPES, VLLM_IS_MODES, field_annotation,
+                           type_problem)
 
 
 def settle(config: Any) -> None:
