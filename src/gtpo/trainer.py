@@ -683,5 +683,6 @@ class GTPOTrainer:
     def save_model(self, output_dir: str | None = None) -> None:
         """Save the final model (or adapter) and tokenizer, replacing the old files atomically; a full model in the
         run's dtype unless ``save_dtype`` is 'float32' (adapters as trained)."""
-        dtype = None if self.is_peft or self.args.save_dtype == "float32" else self.precision.compute
+        p = self.precision
+        dtype = None if self.is_peft or self.args.save_dtype == "float32" or p.compute == p.load else p.compute
         self.run_dir.save_model(self.unwrapped_model, self.tokenizer, output_dir, dtype=dtype)
