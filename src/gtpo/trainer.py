@@ -138,7 +138,8 @@ class GTPOTrainer:
 
         # rewards and data
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        self.scorer = RewardScorer([f if callable(f) else resolve_reward(f) for f in funcs], args.reward_weights)
+        self.scorer = RewardScorer([f if callable(f) else resolve_reward(f) for f in funcs], args.reward_weights,
+                                   device=acc.device)
         self.train_dataset, self._prompt_ids, self.dropped_prompts = encode_dataset_prompts(
             as_dataset(train_dataset, "train_dataset"), self.tokenizer, args.max_prompt_length)
         self.eval_dataset = None if eval_dataset is None else as_dataset(eval_dataset, "eval_dataset")
@@ -681,5 +682,8 @@ class GTPOTrainer:
         self._stop_signal = signum
 
     def save_model(self, output_dir: str | None = None) -> None:
-        """Save the final model (or adapter) and tokenizer, replacing the old files atomically."""
-        self.run_dir.save_model(self.unwrapped_model, self.tokenizer, output_dir)
+        """Save the final model (or adapter) and tokenizer, replacing the old files atomically; a full model in the
+        run's dtype unless ``save_dtype`` is 'float32' (adapters as trained)."""
+        p = self.precision
+        dtype = None if self.is_peft or self.args.save_dtype == "float32" or p.compute == p.load else p.compute
+        self.run_dir.save_model(self.unwrapped_model, self.tokenizer, output_dir, dtype=dtype)

@@ -15,7 +15,8 @@ from typing import Any
 from ..errors import ConfigValueError
 from .declarations import (AGGREGATIONS, COMPLETION_REDUCTIONS, COMPLETION_SIGNS, CONFLICT_COMBINE, CONFLICT_COUNT,
                            ENTROPY_RULES, FILTER_SCOPES, GAMMA_GROUPS, LOSS_TYPES, OPTIMIZERS, REPORT_TARGETS,
-                           RUN_DTYPES, SCALE_REWARDS, VLLM_DTYPES, VLLM_IS_MODES, field_annotation, type_problem)
+                           RUN_DTYPES, SAVE_DTYPES, SCALE_REWARDS, VLLM_DTYPES, VLLM_IS_MODES, field_annotation,
+                           type_problem)
 
 
 def settle(config: Any) -> None:
@@ -228,9 +229,12 @@ def check_vllm(config: Any) -> None:
             "mismatch. Leave it None (off here), or set logprob_temperature to null, the temperature or 1.0")
 
 def check_precision(config: Any) -> None:
-    """``dtype``, ``optim``, and ``dtype`` / ``model_init_kwargs.dtype`` / ``bf16`` agreeing."""
+    """``dtype``, ``save_dtype``, ``optim``, and ``dtype`` / ``model_init_kwargs.dtype`` / ``bf16`` agreeing."""
     if config.dtype is not None and config.dtype not in RUN_DTYPES:
         raise ValueError(f"GTPOConfig.dtype must be None or one of {list(RUN_DTYPES)}, got {config.dtype!r}")
+    if config.save_dtype not in SAVE_DTYPES:
+        raise ValueError(f"GTPOConfig.save_dtype must be one of {list(SAVE_DTYPES)} ('auto': the run's dtype), got "
+                         f"{config.save_dtype!r}")
     if config.optim not in OPTIMIZERS:
         raise ValueError(f"GTPOConfig.optim must be one of {list(OPTIMIZERS)} (transformers' and TRL's names), "
                          f"got {config.optim!r}")

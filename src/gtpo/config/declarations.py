@@ -29,6 +29,7 @@ COMPLETION_REDUCTIONS = ("sum", "mean")
 REPORT_TARGETS = ("none", "tensorboard", "wandb", "trackio")
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 RUN_DTYPES = ("auto", "float32", "bfloat16")
+SAVE_DTYPES = ("auto", "float32")
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adamw_8bit", "paged_adamw_8bit")
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 #: the values each choice field of GTPOConfig takes (validation and ``gtpo train --help`` read them here)
@@ -37,7 +38,7 @@ FIELD_CHOICES: dict[str, tuple[str, ...]] = {
     "conflict_combine": CONFLICT_COMBINE, "conflict_count": CONFLICT_COUNT, "completion_reduction": COMPLETION_REDUCTIONS,
     "entropy_rule": ENTROPY_RULES, "entropy_filter_scope": FILTER_SCOPES, "gamma_groups": GAMMA_GROUPS,
     "completion_sign": COMPLETION_SIGNS, "report_to": REPORT_TARGETS, "vllm_dtype": VLLM_DTYPES, "dtype": RUN_DTYPES,
-    "optim": OPTIMIZERS, "vllm_importance_sampling_mode": VLLM_IS_MODES,
+    "optim": OPTIMIZERS, "vllm_importance_sampling_mode": VLLM_IS_MODES, "save_dtype": SAVE_DTYPES,
 }
 #: gamma, GTPO's entropy-shaping coefficient [P][C]: the default of loss_type gtpo and of the official / paper presets
 GTPO_GAMMA = 0.1

@@ -468,6 +468,16 @@ class GTPOConfig:
         trl="converted", verl="engine", resumable=True)
     save_total_limit: int | None = _f(2, "Keep only the newest this many checkpoints (None keeps all).",
         trl="same", verl="engine", resumable=True)
+    save_dtype: str = _f(
+        "auto",
+        "dtype of the final model's weights: 'auto', the run's dtype (a bfloat16 full fine-tuning run writes "
+        "bfloat16 safetensors, half the size of its float32 master weights, as a TRL or transformers Trainer run "
+        "loaded in bfloat16 writes), or 'float32', the master weights as trained (bfloat16 rounds each weight to "
+        "~3 significant digits). Checkpoints always hold the weights as trained, so a resume stays exact; LoRA "
+        "adapters are saved as trained (float32, as PEFT saves them). TRL's engine saves the model as it holds it. "
+        "[D]",
+        trl="gtpo_engine", verl="engine", resumable=True,
+    )
     eval_steps: int = _f(0, "Evaluate on the eval dataset every this many steps (0 disables).",
         trl="converted", verl="engine", resumable=True)
     eval_num_samples: int = _f(1, "Samples per eval problem (n); 1 with eval_temperature 0 is greedy accuracy.",

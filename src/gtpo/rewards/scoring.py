@@ -138,7 +138,9 @@ class SequenceClassificationReward:
     Standard prompts are scored on ``prompt + completion``; conversational ones on the reward tokenizer's chat
     template of the prompt messages plus the completion's. Texts are tokenized without special tokens, padded on
     the right (the model reads the last non-pad token: ``model.config.pad_token_id`` is set to the tokenizer's).
-    The model runs in inference mode on the device of the rollout (:meth:`place`).
+    The model runs in inference mode on the run's device (the policy's accelerator device, as TRL prepares reward
+    models with its accelerator; :meth:`place`): the tokenized texts are sent to the model's device and the scores
+    come back to the host. Rollouts live on the host, so the model never follows their device.
 
     Args:
         model: a ``transformers`` ``...ForSequenceClassification`` model (``num_labels=1`` as TRL loads it).
@@ -179,7 +181,7 @@ class SequenceClassificationReward:
         return cls(model, AutoTokenizer.from_pretrained(path))
 
     def place(self, device) -> None:
-        """Move the model to ``device`` (the rollout's) if it is elsewhere."""
+        """Move the model to ``device`` (the run's: the policy's accelerator device) if it is elsewhere."""
         if next(self.model.parameters()).device != torch.device(device):
             self.model.to(device)
 
@@ -210,12 +212,18 @@ class RewardScorer:
     Args:
         funcs: callables with TRL's contract (see the module docstring).
         weights: one weight per function (default all 1); must be finite in float32.
+        device: the run's device (the policy's); sequence-classification reward models are placed there once and
+            their inputs sent to them (None: they stay where they are).
     """
 
-    def __init__(self, funcs: list[Callable], weights: list[float] | None = None):
+    def __init__(self, funcs: list[Callable], weights: list[float] | None = None, *, device=None):
         if not funcs:
             raise ValueError("reward_funcs is empty: give at least one reward function")
         self.funcs = [SequenceClassificationReward(f) if isinstance(f, torch.nn.Module) else f for f in funcs]
+        if device is not None:
+            for f in self.funcs:
+                if isinstance(f, SequenceClassificationReward):
+                    f.place(device)
         self._loop = _EventLoop()
         self.names = [reward_name(f) for f in self.funcs]
         weights = weights if weights is not None else [1.0] * len(self.funcs)
@@ -250,8 +258,6 @@ class RewardScorer:
         per_func = torch.empty((n, len(self.funcs)), dtype=torch.float32)
 
         def call(sl: slice, func):
-            if isinstance(func, SequenceClassificationReward):
-                func.place(rollout.completion_ids.device)
             out = func(prompts=prompts[sl], completions=completions[sl], completion_ids=ids[sl],
                        **{k: v[sl] for k, v in columns.items()})
             return unwrap(self._loop.run([out])[0]) if inspect.isawaitable(out) else out

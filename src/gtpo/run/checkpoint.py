@@ -331,8 +331,45 @@ def no_transformers_progress_bars():
 _MODEL_MARKERS = ("config.json", "adapter_config.json")
 
 
-def save_model_atomically(model, tokenizer, output_dir: str) -> None:
-    """``save_pretrained`` of ``model`` (or its peft adapter) and ``tokenizer`` into ``output_dir``.
+def cast_state_dict(model, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``model``'s state dict with its floating-point tensors in ``dtype`` (what ``save_pretrained`` writes for a
+    model loaded in ``dtype``): integer and bool buffers, and the modules transformers keeps in float32 at any load
+    dtype (``_keep_in_fp32_modules_strict``), as they are; tensors that share memory (tied weights) stay one tensor,
+    so that ``save_pretrained`` still recognises the tie. Costs one ``dtype`` copy of the weights in host or device
+    memory while saving; the model itself is unchanged."""
+    keep = set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    cast: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if not tensor.is_floating_point() or tensor.dtype == dtype or keep & set(name.split(".")):
+            out[name] = tensor
+            continue
+        key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.device)
+        if key not in cast:
+            cast[key] = tensor.to(dtype)
+        out[name] = cast[key]
+    return out
+
+
+def _set_config_dtype(directory: str, dtype: torch.dtype) -> None:
+    """Make ``directory/config.json`` name ``dtype`` (``save_pretrained`` writes the in-memory model's dtype, float32
+    master weights, even when given a cast state dict); ``torch_dtype`` too where the file has that older key."""
+    path = os.path.join(directory, "config.json")
+    with open(path) as fh:
+        config = json.load(fh)
+    name = str(dtype).removeprefix("torch.")
+    config["dtype"] = name
+    if "torch_dtype" in config:
+        config["torch_dtype"] = name
+    with open(path, "w") as fh:
+        json.dump(config, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+
+
+def save_model_atomically(model, tokenizer, output_dir: str, *, dtype: torch.dtype | None = None) -> None:
+    """``save_pretrained`` of ``model`` (or its peft adapter) and ``tokenizer`` into ``output_dir``; with ``dtype``
+    (a full model, not an adapter) its floating-point weights are written in ``dtype`` (:func:`cast_state_dict`)
+    and ``config.json`` says so, as a model loaded and saved in ``dtype`` by transformers' Trainer would be.
 
     Everything is written to ``output_dir/.tmp-final`` and fsynced, then moved in file by file with
     ``os.replace``, ``config.json`` / ``adapter_config.json`` last: a crash leaves the previous
@@ -344,7 +381,11 @@ def save_model_atomically(model, tokenizer, output_dir: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         with no_transformers_progress_bars():
-            model.save_pretrained(tmp, safe_serialization=True)
+            if dtype is None:
+                model.save_pretrained(tmp, safe_serialization=True)
+            else:
+                model.save_pretrained(tmp, safe_serialization=True, state_dict=cast_state_dict(model, dtype))
+                _set_config_dtype(tmp, dtype)
         tokenizer.save_pretrained(tmp)
         fsync_tree(tmp)
         for name in sorted(os.listdir(tmp), key=lambda n: (n in _MODEL_MARKERS, n)):
@@ -678,16 +719,18 @@ class RunDirectory:
                            "not bitwise identical to an uninterrupted one)", path, os.path.basename(rng))
         return state
 
-    def save_model(self, model, tokenizer, output_dir: str | None = None) -> None:
+    def save_model(self, model, tokenizer, output_dir: str | None = None, *, dtype: torch.dtype | None = None) -> None:
         """Save the final model (or adapter) and tokenizer (collective; the main process writes),
-        replacing the old files atomically (:func:`save_model_atomically`). A failure raises
+        replacing the old files atomically (:func:`save_model_atomically`; ``dtype``: the full model's weights in
+        that dtype, None: as held). Checkpoints keep the weights as held (float32 master weights: what a bitwise
+        resume loads). A failure raises
         :class:`CheckpointError`; the checkpoints are untouched, so resuming writes it again."""
         out = output_dir or self.output_dir
         self.acc.wait_for_everyone()
         if not self.acc.is_main_process:
             return
         try:
-            save_model_atomically(model, tokenizer, out)
+            save_model_atomically(model, tokenizer, out, dtype=dtype)
         except Exception as err:  # noqa: BLE001 -- any write failure is reported the same way
             raise CheckpointError(
                 f"{describe_write_error(err)} while writing the final model to {out}; {self.checkpoint_note()} "
