@@ -324,6 +324,24 @@ def sample_categorical(probs: torch.Tensor, *, valid: torch.Tensor | None = None
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
 
+def _step_mask_builder(model):
+    """The attention mask one decoding step passes to the model, from the 2-D ``mask (n, L)``.
+
+    For SDPA (and :data:`DECODE_ATTENTION`) a prepared 4-D bool mask ``(n, 1, 1, L)`` (True =
+    attend): the one new token attends to every unpadded position, which is all a causal mask is
+    for one query. transformers returns a 4-D mask as it is, so its mask code does not read
+    the padding mask on the host each forward (``_ignore_causal_mask_sdpa``'s ``bool(padding_mask.
+    sum() == numel)``, transformers 5.x: one device sync per token, defeating ``sync_every``).
+    Other implementations get the 2-D mask unchanged (eager's mask code reads nothing, tested;
+    flash attention's ``attention_mask.all()`` does read, not covered here).
+    """
+    base = unwrap_peft(model)
+    impl = getattr(getattr(base, "config", None), "_attn_implementation", None)
+    if impl in ("sdpa", DECODE_ATTENTION):
+        return lambda mask: mask.bool()[:, None, None, :]
+    return lambda mask: mask
+
+
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, config, *,
            eos_ids: list[int], pad_id: int, sync_every: int | None = None) -> torch.Tensor:
     """Sample completions token by token from the model's forward and key/value cache.
@@ -395,8 +413,9 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, 
     kwarg = cache_kwarg()
     steps = 0
     with _decode_attention_on(model, device):
+        step_mask = _step_mask_builder(model)
         for t in range(max_new):
-            logits = model(input_ids=token, attention_mask=mask, position_ids=position, use_cache=True,
+            logits = model(input_ids=token, attention_mask=step_mask(mask), position_ids=position, use_cache=True,
                            logits_to_keep=1, **{kwarg: cache}).logits  # (n, 1, V)
             scores = processors(seq, logits[:, -1].to(dtype=torch.float32))  # (n, V)
             if config.do_sample:

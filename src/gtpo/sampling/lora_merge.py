@@ -15,20 +15,89 @@ The merged layer's output equals the LoRA layer's up to float rounding (the sum 
 weights instead of in the activations). That is why only float32/float64 base weights are merged
 by default: a bfloat16 weight plus a delta a thousand times smaller is rounded back to almost the
 base weight (bfloat16 keeps 8 significant bits), so the sampler would drift from the policy.
+vLLM's engine (:mod:`gtpo.sampling.vllm_engine`) does receive bfloat16 merged weights in a bf16 LoRA
+run: :class:`MergeRounding` counts the delta entries the rounding drops (``round(W + d) == round(W)``
+while ``d != 0``: ``|d|`` below half of the dtype's spacing at ``W``, 2^-8 |W| for bfloat16) and the
+engine logs it once (docs/gpu.md, "vLLM", for measured fractions).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import torch
 
-__all__ = ["MERGE_DTYPES", "dense_base_weight", "is_bnb_layer", "lora_merged_weight", "mergeable_lora_layers",
-           "merged_lora_layers"]
+__all__ = ["MERGE_DTYPES", "MergeRounding", "dense_base_weight", "is_bnb_layer", "lora_merged_weight",
+           "mergeable_lora_layers", "merged_lora_layers"]
 
 #: base-weight dtypes whose merged weights :func:`merged_lora_layers` uses by default
 MERGE_DTYPES = (torch.float32, torch.float64)
+
+
+logger = logging.getLogger(__name__)
+
+
+class MergeRounding:
+    """What rounding merged LoRA weights to a low-precision dtype (bfloat16, float16) dropped.
+
+    :meth:`add` counts, per merged weight, the delta entries ``d != 0`` whose merged value rounds back
+    to the base weight (``round(W + d) == round(W)``: lost entirely) and their share of the delta's
+    squared norm; :meth:`warn_once` logs one warning naming ``where``, the dtype and the fractions the
+    first time any entry was lost. Float32/float64 merges are not counted (nothing below their
+    spacing matters next to the activations' rounding).
+    """
+
+    LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+    def __init__(self, where: str):
+        self.where = where
+        self.warned = False
+        self.dtype: torch.dtype | None = None
+        self.entries = 0  # non-zero delta entries merged in low precision
+        self.lost = 0  # of those, entries the rounding dropped
+        self.norm_sq = 0.0  # squared norm of those deltas
+        self.lost_norm_sq = 0.0  # squared norm of the dropped entries
+
+    def add(self, weight: torch.Tensor, delta: torch.Tensor, merged: torch.Tensor) -> None:
+        """Count one merge: ``weight`` the base (``(out, in)``, the merge's dtype), ``delta`` the
+        summed ``scale * B @ A`` (higher precision), ``merged`` = ``(weight + delta)`` rounded to
+        ``weight.dtype``. Nothing counted for dtypes outside :attr:`LOW_PRECISION`."""
+        if merged.dtype not in self.LOW_PRECISION:
+            return
+        self.dtype = merged.dtype
+        nonzero = delta != 0
+        lost = (merged == weight) & nonzero
+        d2 = delta.double().square()
+        self.entries += int(nonzero.sum())
+        self.lost += int(lost.sum())
+        self.norm_sq += float(d2.sum())
+        self.lost_norm_sq += float(d2[lost].sum())
+
+    @property
+    def lost_fraction(self) -> float:
+        """The share of non-zero delta entries the rounding dropped (0 before any)."""
+        return self.lost / self.entries if self.entries else 0.0
+
+    @property
+    def lost_norm_fraction(self) -> float:
+        """The share of the deltas' norm (``sqrt`` of the squared-norm share) the rounding dropped."""
+        return (self.lost_norm_sq / self.norm_sq) ** 0.5 if self.norm_sq else 0.0
+
+    def warn_once(self) -> bool:
+        """Log the warning if entries were lost and it was not logged yet; True when it was logged now."""
+        if self.warned or not self.lost:
+            return False
+        self.warned = True
+        logger.warning(
+            "%s: LoRA merged into %s base weights loses small updates: %.1f %% of the %d non-zero delta entries "
+            "(%.1f %% of the delta norm) round back to the base weight (|delta| below half of %s's spacing, "
+            "2^-8 |W| for bfloat16), so the sampler runs a policy closer to the base than the one trained "
+            "(docs/gpu.md, 'vLLM'); float32 weights keep them", self.where, str(self.dtype).removeprefix("torch."),
+            100 * self.lost_fraction, self.entries, 100 * self.lost_norm_fraction,
+            str(self.dtype).removeprefix("torch."))
+        return True
 
 
 def is_bnb_layer(module: torch.nn.Module) -> bool:
@@ -55,8 +124,11 @@ def _unmerged_active(module) -> list[str]:
             (name in getattr(module, "lora_A", {}) or name in getattr(module, "lora_embedding_A", {}))]
 
 
-def lora_merged_weight(module) -> torch.Tensor:
+def lora_merged_weight(module, rounding: MergeRounding | None = None) -> torch.Tensor:
     """``W + sum_a delta_a`` of a peft LoRA layer over its active, unmerged adapters (nothing mutated).
+
+    Args:
+        rounding: where given, the merge is counted in it (:meth:`MergeRounding.add`).
 
     Returns:
         ``(out_features, in_features)`` in the base weight's dtype (bitsandbytes layers dequantized).
@@ -73,7 +145,10 @@ def lora_merged_weight(module) -> torch.Tensor:
         delta = d if delta is None else delta + d
     if delta is None:
         return weight
-    return (weight.to(delta.dtype) + delta).to(weight.dtype)
+    merged = (weight.to(delta.dtype) + delta).to(weight.dtype)
+    if rounding is not None:
+        rounding.add(weight, delta, merged)
+    return merged
 
 
 def _mergeable(module, dtypes) -> bool:

@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from .lora_merge import dense_base_weight, is_bnb_layer, lora_merged_weight
+from .lora_merge import MergeRounding, dense_base_weight, is_bnb_layer, lora_merged_weight
 from .padding import left_pad
 from .rollout import Rollout, SamplingParams
 
@@ -112,16 +112,16 @@ def require_vllm(what: str = "use_vllm") -> None:
 
 
 # ----------------------------------------------------------------------------------------- weights
-def _lora_merged_weight(module) -> torch.Tensor:
+def _lora_merged_weight(module, rounding: MergeRounding | None = None) -> torch.Tensor:
     """``W + sum_a delta_a`` of a peft LoRA layer (:func:`gtpo.sampling.lora_merge.lora_merged_weight`), its
     error naming ``use_vllm``."""
     try:
-        return lora_merged_weight(module)
+        return lora_merged_weight(module, rounding)
     except ValueError as err:
         raise ValueError(f"use_vllm: {err}; train without use_dora, or without use_vllm") from None
 
 
-def dense_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def dense_weights(model: torch.nn.Module, rounding: MergeRounding | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` of every weight of ``model`` under its Hugging Face checkpoint name, in float.
 
     ``model`` is a transformers causal LM or a peft model over one. A peft model's LoRA layers give
@@ -129,7 +129,9 @@ def dense_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     changed, so no merge/unmerge rounding accumulates in the trained weights); a ``modules_to_save``
     copy stands in for its original; bitsandbytes 4-/8-bit layers are dequantized. Tied weights come
     under every name (``lm_head.weight`` and ``model.embed_tokens.weight``): vLLM must receive the
-    head, or a tied head stays stale. A generator: tensors are made one module at a time.
+    head, or a tied head stays stale. A generator: tensors are made one module at a time. ``rounding``:
+    where given, each LoRA merge is counted in it (bfloat16/float16 merges drop small deltas,
+    :class:`gtpo.sampling.lora_merge.MergeRounding`).
     """
     from peft.tuners.lora import LoraLayer
     from peft.utils import ModulesToSaveWrapper
@@ -139,7 +141,7 @@ def dense_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     def visit(module: torch.nn.Module, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
         if isinstance(module, LoraLayer):
             layer = module.get_base_layer()
-            yield prefix + "weight", _lora_merged_weight(module)
+            yield prefix + "weight", _lora_merged_weight(module, rounding)
             if getattr(layer, "bias", None) is not None:
                 yield prefix + "bias", layer.bias.detach()
             return
@@ -387,6 +389,7 @@ class VLLMEngine:
         self.asleep = False
         self._directory = directory
         self.last_sync_s = 0.0
+        self.merge_rounding_warned = False  # the bf16-merge warning of update_weights was logged
 
     # -------------------------------------------------------------------- construction
     @classmethod
@@ -489,11 +492,17 @@ class VLLMEngine:
     @torch.no_grad()
     def update_weights(self, model: torch.nn.Module) -> float:
         """Load ``model``'s current weights (:func:`dense_weights`) into the engine in place and reset its
-        prefix cache; returns the seconds it took (also in ``last_sync_s``)."""
+        prefix cache; returns the seconds it took (also in ``last_sync_s``).
+
+        LoRA merged into bfloat16/float16 base weights drops the delta entries below half the dtype's
+        spacing: until it has warned once (``merge_rounding_warned``), each sync counts them
+        (:class:`gtpo.sampling.lora_merge.MergeRounding`, one elementwise pass per adapted weight)
+        and logs a warning naming the lost fractions the first time any is lost."""
         started = time.perf_counter()
+        rounding = None if self.merge_rounding_warned else MergeRounding("use_vllm")
         with _quiet_vllm_reload():
             try:
-                self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=dense_weights(model),
+                self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=dense_weights(model, rounding),
                                                                       is_checkpoint_format=True))
             except (AttributeError, NotImplementedError, TypeError) as err:
                 if "reload_weights" not in str(err) and not isinstance(err, AttributeError):
@@ -501,8 +510,10 @@ class VLLMEngine:
                 # a vLLM whose worker has no in-place reload_weights: TRL's colocate route, the model's own
                 # load_weights in this process (the engine runs in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0)
                 runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
-                runner.model.load_weights(dense_weights(model))
+                runner.model.load_weights(dense_weights(model, rounding))
         self.llm.reset_prefix_cache()  # cached prompt key/values belong to the old weights
+        if rounding is not None and rounding.warn_once():
+            self.merge_rounding_warned = True
         self.last_sync_s = time.perf_counter() - started
         return self.last_sync_s
 
