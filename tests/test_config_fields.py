@@ -137,3 +137,26 @@ def test_dr_grpo_yaml_scales_rewards_alike_on_both_engines(tmp_path):
     assert args.loss_type == "dr_grpo" and args.scale_rewards == "none"
     # a TRL-style config naming TRL's own loss types keeps TRL's default
     assert TRLGTPOConfig(output_dir=str(tmp_path), use_cpu=True, loss_type="bnpo").scale_rewards == "group"
+
+
+def test_a_choice_field_is_validated_from_its_declaration_alone():
+    """A field that declares ``choices`` in its ``_f`` is checked against them (naming the field, the values and its
+    note) and listed in FIELD_CHOICES, with no other edit: what a new choice field needs is its declaration."""
+    import dataclasses
+
+    from gtpo.config import FIELD_CHOICES, GTPOConfig, _f
+    from gtpo.errors import ConfigValueError
+
+    @dataclasses.dataclass
+    class WithNewField(GTPOConfig):
+        new_choice: str = _f("a", "A new choice field.", trl="gtpo_engine", verl="engine", choices=("a", "b"),
+                             choices_note="'a': the first")
+
+    assert WithNewField(new_choice="b").new_choice == "b"
+    with pytest.raises(ConfigValueError, match=r"^GTPOConfig.new_choice must be one of \['a', 'b'\] \('a': the first\), "
+                                               r"got 'c'$") as err:
+        WithNewField(new_choice="c")
+    assert err.value.field == "new_choice"
+    assert {f.name: f.metadata["choices"] for f in dataclasses.fields(GTPOConfig)
+            if f.metadata["choices"] is not None} == FIELD_CHOICES
+    assert FIELD_CHOICES["save_dtype"] == ("auto", "float32") and len(FIELD_CHOICES) == 16

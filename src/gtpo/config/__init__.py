@@ -36,8 +36,8 @@ from __future__ import annotations
 from ..errors import ConfigValueError
 from .checks import MODEL_DTYPES, _check_model_init_kwargs
 from .declarations import (_FACTS, _TYPE_WORDS, AGGREGATIONS, COMPLETION_REDUCTIONS, COMPLETION_SIGNS, CONFLICT_COMBINE,
-                           CONFLICT_COUNT, DEFAULT_AGGREGATION, ENTROPY_RULES, FIELD_CHOICES, FILTER_SCOPES,
+                           CONFLICT_COUNT, DEFAULT_AGGREGATION, ENTROPY_RULES, FILTER_SCOPES,
                            GAMMA_GROUPS, GTPO_GAMMA, LN2, LOSS_TYPES, OPTIMIZERS, REPORT_TARGETS, RUN_DTYPES,
                            SCALE_REWARDS, TRL_ROLES, VERL_ROLES, VLLM_DTYPES, VLLM_IS_MODES, _describe, _f, _matches,
                            documented_field, field_annotation, type_problem)
-from .gtpo_config import _FIELDS, SHARED_VLLM_FIELDS, GTPOConfig, _Values, field_default, fields_where, resolved
+from .gtpo_config import _FIELDS, FIELD_CHOICES, SHARED_VLLM_FIELDS, GTPOConfig, _Values, field_default, fields_where, resolved

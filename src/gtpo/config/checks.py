@@ -13,10 +13,7 @@ import re
 from typing import Any
 
 from ..errors import ConfigValueError
-from .declarations import (AGGREGATIONS, COMPLETION_REDUCTIONS, COMPLETION_SIGNS, CONFLICT_COMBINE, CONFLICT_COUNT,
-                           ENTROPY_RULES, FILTER_SCOPES, GAMMA_GROUPS, LOSS_TYPES, OPTIMIZERS, REPORT_TARGETS,
-                           RUN_DTYPES, SAVE_DTYPES, SCALE_REWARDS, VLLM_DTYPES, VLLM_IS_MODES, field_annotation,
-                           type_problem)
+from .declarations import field_annotation, type_problem
 
 
 def settle(config: Any) -> None:
@@ -70,13 +67,6 @@ def check_values(config: Any) -> None:
         if problem:
             raise ValueError(f"GTPOConfig.{f.name} must be {problem}, got {getattr(config, f.name)!r}")
 
-    def choice(name: str, options: tuple, allow_none: bool = False) -> None:
-        value = getattr(config, name)
-        if value is None and allow_none:
-            return
-        if value not in options:
-            raise ValueError(f"GTPOConfig.{name} must be one of {list(options)}, got {value!r}")
-
     def at_least(name: str, low: float, *, allow_none: bool = False, strict: bool = False,
                  allow_inf: bool = False) -> None:
         value = getattr(config, name)
@@ -90,16 +80,18 @@ def check_values(config: Any) -> None:
             rel = ">" if strict else ">="
             raise ValueError(f"GTPOConfig.{name} must be {rel} {low}, got {value!r}")
 
-    choice("loss_type", LOSS_TYPES)
-    choice("scale_rewards", SCALE_REWARDS, allow_none=True)
-    choice("loss_aggregation", AGGREGATIONS, allow_none=True)
-    choice("conflict_combine", CONFLICT_COMBINE)
-    choice("conflict_count", CONFLICT_COUNT)
-    choice("completion_reduction", COMPLETION_REDUCTIONS)
-    choice("entropy_rule", ENTROPY_RULES)
-    choice("entropy_filter_scope", FILTER_SCOPES)
-    choice("gamma_groups", GAMMA_GROUPS)
-    choice("completion_sign", COMPLETION_SIGNS)
+    for f in dataclasses.fields(config):  # the choice fields: their values from their declarations (_f(choices=...))
+        options, value = f.metadata.get("choices"), getattr(config, f.name)
+        if options is None or (value is None and f.default is None):
+            continue
+        if isinstance(value, list):  # a list field (report_to): each entry
+            bad = [v for v in value if v not in options]
+            if bad:
+                raise ValueError(f"GTPOConfig.{f.name} entries must be in {list(options)}, got {bad!r}")
+        elif value not in options:
+            note = f" ({f.metadata['choices_note']})" if f.metadata.get("choices_note") else ""
+            words = "None or one of" if f.default is None else "one of"
+            raise ValueError(f"GTPOConfig.{f.name} must be {words} {list(options)}{note}, got {value!r}")
     if isinstance(config.group_size, bool) or not isinstance(config.group_size, int) or config.group_size < 2:
         raise ValueError(
             f"GTPOConfig.group_size must be an integer >= 2 (advantages are relative to the group), "
@@ -167,9 +159,6 @@ def check_values(config: Any) -> None:
             f"and divide_by_conflict_count instead, got loss_aggregation={config.loss_aggregation!r}"
         )
     check_vllm(config)
-    bad = [t for t in config.report_to if t not in REPORT_TARGETS]
-    if bad:
-        raise ValueError(f"GTPOConfig.report_to entries must be in {list(REPORT_TARGETS)}, got {bad!r}")
     if config.reward_weights is not None and not all(
         isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in config.reward_weights
     ):
@@ -192,12 +181,7 @@ def check_baseline_purity(config: Any) -> None:
         )
 
 def check_vllm(config: Any) -> None:
-    """The vLLM fields: choices, ranges, and what ``use_vllm`` needs."""
-    if config.vllm_dtype not in VLLM_DTYPES:
-        raise ValueError(f"GTPOConfig.vllm_dtype must be one of {list(VLLM_DTYPES)}, got {config.vllm_dtype!r}")
-    if config.vllm_importance_sampling_mode not in VLLM_IS_MODES:
-        raise ValueError(f"GTPOConfig.vllm_importance_sampling_mode must be one of {list(VLLM_IS_MODES)}, got "
-                         f"{config.vllm_importance_sampling_mode!r}")
+    """The vLLM fields: ranges and what ``use_vllm`` needs (their choices: :func:`check_values`)."""
     util = config.vllm_gpu_memory_utilization
     if math.isnan(util) or not 0.0 < util <= 1.0:
         raise ValueError(f"GTPOConfig.vllm_gpu_memory_utilization must be in (0, 1], got {util!r}")
@@ -229,15 +213,8 @@ def check_vllm(config: Any) -> None:
             "mismatch. Leave it None (off here), or set logprob_temperature to null, the temperature or 1.0")
 
 def check_precision(config: Any) -> None:
-    """``dtype``, ``save_dtype``, ``optim``, and ``dtype`` / ``model_init_kwargs.dtype`` / ``bf16`` agreeing."""
-    if config.dtype is not None and config.dtype not in RUN_DTYPES:
-        raise ValueError(f"GTPOConfig.dtype must be None or one of {list(RUN_DTYPES)}, got {config.dtype!r}")
-    if config.save_dtype not in SAVE_DTYPES:
-        raise ValueError(f"GTPOConfig.save_dtype must be one of {list(SAVE_DTYPES)} ('auto': the run's dtype), got "
-                         f"{config.save_dtype!r}")
-    if config.optim not in OPTIMIZERS:
-        raise ValueError(f"GTPOConfig.optim must be one of {list(OPTIMIZERS)} (transformers' and TRL's names), "
-                         f"got {config.optim!r}")
+    """``dtype`` / ``model_init_kwargs.dtype`` / ``bf16`` agreeing (the choices of ``dtype``, ``save_dtype`` and
+    ``optim``: :func:`check_values`)."""
     loaded = (config.model_init_kwargs or {}).get("dtype")
     if config.dtype is not None and loaded is not None and loaded != config.dtype:
         raise ValueError(f"GTPOConfig.dtype ({config.dtype!r}) and model_init_kwargs.dtype ({loaded!r}) disagree: "

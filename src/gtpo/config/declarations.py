@@ -32,14 +32,6 @@ RUN_DTYPES = ("auto", "float32", "bfloat16")
 SAVE_DTYPES = ("auto", "float32")
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adamw_8bit", "paged_adamw_8bit")
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-#: the values each choice field of GTPOConfig takes (validation and ``gtpo train --help`` read them here)
-FIELD_CHOICES: dict[str, tuple[str, ...]] = {
-    "loss_type": LOSS_TYPES, "scale_rewards": SCALE_REWARDS, "loss_aggregation": AGGREGATIONS,
-    "conflict_combine": CONFLICT_COMBINE, "conflict_count": CONFLICT_COUNT, "completion_reduction": COMPLETION_REDUCTIONS,
-    "entropy_rule": ENTROPY_RULES, "entropy_filter_scope": FILTER_SCOPES, "gamma_groups": GAMMA_GROUPS,
-    "completion_sign": COMPLETION_SIGNS, "report_to": REPORT_TARGETS, "vllm_dtype": VLLM_DTYPES, "dtype": RUN_DTYPES,
-    "optim": OPTIMIZERS, "vllm_importance_sampling_mode": VLLM_IS_MODES, "save_dtype": SAVE_DTYPES,
-}
 #: gamma, GTPO's entropy-shaping coefficient [P][C]: the default of loss_type gtpo and of the official / paper presets
 GTPO_GAMMA = 0.1
 
@@ -73,23 +65,27 @@ VERL_ROLES = {
     "engine": "an engine, optimiser or generation setting that verl configures its own way (refused under "
               "algorithm.gtpo)",
 }
-_FACTS = ("trl", "trl_name", "verl", "verl_option", "resumable", "switch_off", "rule")
+_FACTS = ("trl", "trl_name", "verl", "verl_option", "resumable", "switch_off", "rule", "choices")
 
 
 def _f(default: Any, help: str, *, trl: str, verl: str, trl_name: str | None = None, verl_option: str | None = None,
-       resumable: bool = False, switch_off: tuple | None = None, rule: Callable[[Any], Any] | None = None) -> Any:
+       resumable: bool = False, switch_off: tuple | None = None, rule: Callable[[Any], Any] | None = None,
+       choices: tuple[str, ...] | None = None, choices_note: str | None = None) -> Any:
     """A GTPOConfig field with every fact about it in ``metadata``: ``help`` (read by the CLI and the docs), its role on
     TRL's engine (``trl``, one of :data:`TRL_ROLES`; ``trl_name`` for ``"renamed"``) and on verl (``verl``, one of
     :data:`VERL_ROLES`; ``verl_option`` for ``"owned"``), ``resumable`` (a resume may change it without changing what
     is trained), ``switch_off`` (one of GTPO's switches on a baseline loss: the values that leave the baseline as it
-    is) and ``rule`` (its value when it is None, from the other fields: ``rule(config) -> value``)."""
+    is), ``rule`` (its value when it is None, from the other fields: ``rule(config) -> value``) and, for a field
+    that takes one of a few values, ``choices`` (validated by :func:`gtpo.config.checks.check_values`, listed by
+    ``gtpo train --help``; of each entry for a list field) with ``choices_note``, words its error message adds."""
     if trl not in TRL_ROLES or verl not in VERL_ROLES:
         raise ValueError(f"_f: trl must be one of {list(TRL_ROLES)} and verl one of {list(VERL_ROLES)}, got "
                          f"trl={trl!r}, verl={verl!r}")
     if (trl == "renamed") != (trl_name is not None) or (verl == "owned") != (verl_option is not None):
         raise ValueError("_f: trl_name goes with trl='renamed', verl_option with verl='owned'")
     return documented_field(default, help, trl=trl, trl_name=trl_name, verl=verl, verl_option=verl_option,
-                            resumable=resumable, switch_off=switch_off, rule=rule)
+                            resumable=resumable, switch_off=switch_off, rule=rule, choices=choices,
+                            choices_note=choices_note)
 
 
 def documented_field(default: Any, help: str, **metadata: Any) -> Any:

@@ -15,7 +15,10 @@ from typing import Any, ClassVar, Mapping
 
 from .presets import PRESETS as _PRESETS, apply_preset as _apply_preset, preset_values as _preset_values
 from .checks import check, settle
-from .declarations import _FACTS, DEFAULT_AGGREGATION, GTPO_GAMMA, _f
+from .declarations import (_FACTS, AGGREGATIONS, COMPLETION_REDUCTIONS, COMPLETION_SIGNS, CONFLICT_COMBINE, CONFLICT_COUNT,
+                           DEFAULT_AGGREGATION, ENTROPY_RULES, FILTER_SCOPES, GAMMA_GROUPS, GTPO_GAMMA, LOSS_TYPES,
+                           OPTIMIZERS, REPORT_TARGETS, RUN_DTYPES, SAVE_DTYPES, SCALE_REWARDS, VLLM_DTYPES, VLLM_IS_MODES,
+                           _f)
 
 
 @dataclass
@@ -44,6 +47,7 @@ class GTPOConfig:
         "'dr_grpo' (no std scaling, constant normaliser; Liu et al. 2025), 'dapo' (clip-higher, token-mean, "
         "dynamic sampling, overlong shaping; Yu et al. 2025).",
         trl="converted", verl="method",
+        choices=LOSS_TYPES,
     )
     group_size: int = _f(
         8,
@@ -70,6 +74,7 @@ class GTPOConfig:
         "GRPO), 'batch' (divide by batch std). None: 'none' for gtpo and dr_grpo, 'group' for grpo and dapo (on "
         "both engines).",
         trl="converted", verl="method", rule=lambda c: "none" if c.loss_type in ("gtpo", "dr_grpo") else "group",
+        choices=SCALE_REWARDS,
     )
     num_iterations: int = _f(
         1,
@@ -95,6 +100,7 @@ class GTPOConfig:
         "None uses the loss type's own (grpo: seq_mean_token_mean, dapo: token_mean, dr_grpo: constant).",
         trl="renamed", trl_name="loss_type ('grpo' / 'dr_grpo' / 'dapo')", verl="engine",
         rule=lambda c: DEFAULT_AGGREGATION.get(c.loss_type),
+        choices=AGGREGATIONS,
     )
     # GTPO: conflict tokens
     conflict_masks: bool | None = _f(
@@ -117,12 +123,14 @@ class GTPOConfig:
         "How prefix and suffix run weights combine: 'product' ([C]: a positive token in both runs gets 4.0) "
         "or 'union' ([D]: the weight once).",
         trl="method", verl="method",
+        choices=CONFLICT_COMBINE,
     )
     conflict_count: str = _f(
         "max_run",
         "Conflict count n_i that divides a completion's loss: 'max_run' ([C]: max of prefix and suffix run "
         "lengths) or 'union' (tokens in either run).",
         trl="method", verl="method",
+        choices=CONFLICT_COUNT,
     )
     divide_by_conflict_count: bool = _f(
         True, "Divide each completion's loss by max(n_i, 1) as [C] does; the paper's objective has no such term.",
@@ -133,6 +141,7 @@ class GTPOConfig:
         "GTPO reduction over completions: 'sum' ([C]: summed over the group, then averaged over prompts) or "
         "'mean' ([P]: the 1/G of the printed objective).",
         trl="method", verl="method",
+        choices=COMPLETION_REDUCTIONS,
     )
     # GTPO: entropy control
     entropy_filter: bool | None = _f(
@@ -152,10 +161,12 @@ class GTPOConfig:
         "'fixed' ([C]: always filter at the threshold) or 'initial' ([P]: the filter is active only if the "
         "policy's mean entropy at the start of training, <H>_ini, is at most the threshold).",
         trl="method", verl="method",
+        choices=ENTROPY_RULES,
     )
     entropy_filter_scope: str = _f(
         "all", "Which completions the filter may drop: 'all' ([P][C]) or 'negative' (the paper's OnlyNeg ablation).",
         trl="method", verl="method",
+        choices=FILTER_SCOPES,
     )
     gamma: float | None = _f(
         None,
@@ -170,12 +181,14 @@ class GTPOConfig:
         "-gamma <H>_i < 0, a push down on every token they share) or 'varying' (only groups whose rewards differ; "
         "an ablation) [D].",
         trl="method", verl="method",
+        choices=GAMMA_GROUPS,
     )
     completion_sign: str = _f(
         "all",
         "Train on 'all' completions, or only the 'positive' (A > 0) or 'negative' (A < 0) ones by the sign of "
         "the unshaped advantage: controls of the science protocol (positive-/negative-sample reinforcement) [D].",
         trl="method", verl="method", switch_off=("all",),
+        choices=COMPLETION_SIGNS,
     )
     gtpo_ablation: bool = _f(
         False,
@@ -304,6 +317,7 @@ class GTPOConfig:
         "and the trainer's (measured on CPU with SmolLM2: float32 ~1e-5 nats per token, bfloat16 up to ~0.3); the "
         "importance-sampling correction is for that gap. [D]",
         trl="gtpo_engine", verl="engine",
+        choices=VLLM_DTYPES,
     )
     vllm_enforce_eager: bool | None = _f(
         None,
@@ -341,6 +355,7 @@ class GTPOConfig:
         "exp of its summed log-ratio, clipped / zeroed outside the range). [D] 'token_truncate', the estimator Yao "
         "et al. 2025 analyse, which drops no completion; TRL 1.16 defaults to 'sequence_mask'.",
         trl="when_set", verl="engine",
+        choices=VLLM_IS_MODES,
     )
     vllm_importance_sampling_clip_max: float | None = _f(
         3.0,
@@ -415,6 +430,7 @@ class GTPOConfig:
         "scaling). TRL's engine: model_init_kwargs.dtype and bf16. [D]",
         trl="renamed", trl_name="model_init_kwargs.dtype and bf16 (gtpo's dtype rule, docs/gpu.md)", verl="engine",
         rule=lambda c: (c.model_init_kwargs or {}).get("dtype") or ("bfloat16" if c.bf16 else "float32"),
+        choices=RUN_DTYPES,
     )
     optim: str = _f(
         "adamw_torch_fused",
@@ -425,6 +441,7 @@ class GTPOConfig:
         "host under memory pressure; on CPU bitsandbytes runs it unpaged). [C] trains with paged_adamw_8bit. The "
         "8-bit ones need bitsandbytes (pip install bitsandbytes). TRL's engine: passed as optim.",
         trl="same", verl="engine",
+        choices=OPTIMIZERS, choices_note="transformers' and TRL's names",
     )
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass to save memory.",
         trl="same", verl="engine")
@@ -455,6 +472,7 @@ class GTPOConfig:
     report_to: list[str] | str = _f(
         "none", "Trackers besides metrics.jsonl: 'tensorboard', 'wandb', 'trackio' (a list or one name), or 'none'.",
         trl="converted", verl="engine", resumable=True,
+        choices=REPORT_TARGETS,
     )
     run_name: str | None = _f(None, "Run name for trackers; default: the output_dir's name.",
         trl="same", verl="engine", resumable=True)
@@ -477,6 +495,7 @@ class GTPOConfig:
         "adapters are saved as trained (float32, as PEFT saves them). TRL's engine saves the model as it holds it. "
         "[D]",
         trl="gtpo_engine", verl="engine", resumable=True,
+        choices=SAVE_DTYPES, choices_note="'auto': the run's dtype",
     )
     eval_steps: int = _f(0, "Evaluate on the eval dataset every this many steps (0 disables).",
         trl="converted", verl="engine", resumable=True)
@@ -699,5 +718,9 @@ def resolved(values: Any, name: str) -> Any:
 #: GTPOConfig's vLLM fields that are trl.GRPOConfig fields of the same name and meaning: TRL's engine passes them on
 #: when set (TRL keeps its own defaults otherwise, e.g. vllm_importance_sampling_mode "sequence_mask")
 SHARED_VLLM_FIELDS = fields_where("trl", "when_set")
+#: the values each choice field of GTPOConfig takes, from its declaration (``_f(choices=...)``: validation and
+#: ``gtpo train --help`` read them)
+FIELD_CHOICES: dict[str, tuple[str, ...]] = {f.name: f.metadata["choices"] for f in fields(GTPOConfig)
+                                             if f.metadata["choices"] is not None}
 GTPOConfig.GTPO_SWITCHES = {name: f.metadata["switch_off"] for name, f in _FIELDS.items()
                             if f.metadata["switch_off"] is not None}
