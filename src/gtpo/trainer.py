@@ -146,6 +146,9 @@ class GTPOTrainer:
         self.eval_reward_func = eval_reward_func
         self.probe_texts = probe_texts or {}
         self.sampler = PromptSampler(len(self.train_dataset), args.seed)
+        #: rollout steps in one pass over the training prompts (TRL's epoch: the prompts of a step are
+        #: prompts_per_step whole groups, an incomplete last batch does not make a step)
+        self.steps_per_epoch = max(1, len(self.train_dataset) // args.prompts_per_step)
 
         # optimisation (gtpo.run.build: optim, lr_scheduler_type)
         self.policy = PolicyForward(base_model, chunk_size=args.logprob_chunk_size, compute_dtype=self.precision.compute)
