@@ -139,7 +139,7 @@ def test_config_errors_name_the_field():
         (dict(logging_steps=0), "GTPOConfig.logging_steps must be an integer >= 1, got 0"),
         (dict(learning_rate=float("nan")), "GTPOConfig.learning_rate must be a number, got nan"),
         (dict(learning_rate=float("inf")), "GTPOConfig.learning_rate must be a finite number, got inf"),
-        (dict(generation_batch_size=-1), "GTPOConfig.generation_batch_size must be None or an integer >= 1"),
+        (dict(generation_chunk_size=-1), "GTPOConfig.generation_chunk_size must be None or an integer >= 1"),
         (dict(adam_beta2=1.0), "GTPOConfig.adam_beta2 must be in [0, 1), got 1.0"),
         (dict(max_completion_length=8, overlong_buffer_length=16), "GTPOConfig.overlong_buffer_length (16) must be"),
         (dict(max_consecutive_skips=0), "GTPOConfig.max_consecutive_skips must be an integer >= 1, got 0"),

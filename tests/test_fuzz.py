@@ -209,7 +209,7 @@ algorithm_configs = st.fixed_dictionaries({
     "max_resample_rounds": st.integers(0, 2),
     "overlong_buffer_length": st.integers(0, 4),
     "mask_truncated_completions": st.booleans(),
-    "generation_batch_size": st.sampled_from([None, 3]),
+    "generation_chunk_size": st.sampled_from([None, 3]),
     "temperature": st.sampled_from([0.7, 1.0]),
     "top_k": st.sampled_from([0, 5]),
     "max_grad_norm": st.sampled_from([0.0, 1.0]),

@@ -289,7 +289,7 @@ class GTPOTrainer:
             with self.precision.context(self.accelerator.device):  # sampling in the run's dtype too
                 return generate(
                     self.unwrapped_model, self.tokenizer, [None] * len(rows), sampling=self.sampling,
-                    prompt_ids=prompt_ids, num_samples=a.group_size, batch_size=a.generation_batch_size,
+                    prompt_ids=prompt_ids, num_samples=a.group_size, batch_size=a.generation_chunk_size,
                     decode_loop=a.decode_loop, merge_lora=a.merge_lora_for_sampling,
                 )
         except RuntimeError as err:
@@ -602,7 +602,7 @@ class GTPOTrainer:
         with self.precision.context(self.accelerator.device):
             return evaluate_during_training(
                 self.unwrapped_model, self.tokenizer, self.eval_dataset, sampling=SamplingParams.for_evaluation(a),
-                n=a.eval_num_samples, k_list=a.eval_k, batch_size=a.generation_batch_size or 64,
+                n=a.eval_num_samples, k_list=a.eval_k, batch_size=a.generation_chunk_size or 64,
                 scoring=ScoringOptions(reward_fn=self.eval_reward_func), engine=self.vllm_engine, merge_lora=a.merge_lora_for_sampling,
             )
 

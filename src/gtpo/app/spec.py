@@ -32,7 +32,7 @@ ENGINES = ("gtpo", "trl")
 DATASET_KEYS = ("name", "split", "size", "seed", "template", "system_prompt", "columns", "path", "kwargs", "config")
 PEFT_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora", "use_dora", "modules_to_save")
 SFT_KEYS = ("max_steps", "learning_rate", "batch_size", "size", "max_length")
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "passive")  # passive (TRL's default): info
 
 
 def _key(default: Any, help: str, metavar: str, expected: str, accepts: Callable[[Any], bool]) -> Any:
@@ -104,7 +104,7 @@ class RunSpec:
         None, "true (newest complete checkpoint in output_dir) or a checkpoint path.",
         "BOOL|PATH", "true, false or a checkpoint path", lambda v: isinstance(v, (bool, str)))
     log_level: str = _key(
-        "info", "Logging level (info, warning, ...).", "{debug,info,warning,error}", f"one of {list(LOG_LEVELS)}",
+        "info", "Logging level (info, warning, ...; TRL's passive: info).", "{debug,info,warning,error}", f"one of {list(LOG_LEVELS)}",
         lambda v: isinstance(v, str) and v.lower() in LOG_LEVELS)
     engine: str = _key(
         "gtpo", "Trainer of the run: gtpo (this project's trainer) or trl (TRL's GRPOTrainer with GTPO's conflict "
@@ -260,14 +260,23 @@ def split_spec(spec: dict[str, Any], *, source: str,
     if engine not in ENGINES:
         raise ConfigError(f"{where('engine')}: engine must be one of {list(ENGINES)}, got {engine!r}")
     spec = apply_trl_names(spec, engine=engine, where=where)  # a YAML written for `trl grpo`
+    from .trl_options import drop_trl_nulls
+
+    spec = drop_trl_nulls(spec)
+    if engine == "gtpo":  # TRL's other options: the same, ignored where they have no effect, or refused with why
+        from ..integrations import trl_option_names
+        from .trl_options import apply_on_gtpo_engine
+
+        spec = apply_on_gtpo_engine(spec, known=set(fields) | set(run_keys), where=where,
+                                    trl_names=trl_option_names())
     trl_options: dict[str, Any] = {}
     for key, value in spec.items():
         if key in run_keys:
             run_values[key] = value
-        elif key in fields and not (engine == "trl" and key in SHARED_VLLM_FIELDS):
+        elif key in fields and not (engine == "trl" and key in SHARED_VLLM_FIELDS + ("generation_batch_size",)):
             cfg_values[key] = value
         elif engine == "trl":
-            trl_options[key] = value  # checked against trl.GRPOConfig below
+            trl_options[key] = value  # checked against trl.GRPOConfig below (TRL's batch field: as TRL reads it)
         else:
             raise ConfigError(f"{source}: unknown config field {key!r}{suggest(key, fields + run_keys)}"
                               f"{_trl_hint(key)}")
@@ -287,6 +296,14 @@ def split_spec(spec: dict[str, Any], *, source: str,
     except ConfigValueError as err:
         raise ConfigError(f"{where(err.field)}: {err}") from None
     return run, config
+
+
+def _trl_option(key: str) -> bool:
+    """Whether ``key`` is an option of ``trl.GRPOConfig`` (or one gtpo's engine has a verdict on)."""
+    from ..integrations import trl_option_names
+    from .trl_options import ACCEPTED_VALUES, NO_EFFECT, REFUSED
+
+    return key in trl_option_names() or key in NO_EFFECT or key in ACCEPTED_VALUES or key in REFUSED
 
 
 def _trl_hint(key: str) -> str:
@@ -387,7 +404,7 @@ def resolve_train_spec(config_path: str | None, overrides: dict[str, Any], *, de
     engine = overrides.get("engine", spec.get("engine"))
     for key in overrides:
         top = key.split(".")[0]
-        if top not in allowed and engine != "trl":  # engine trl: split_spec checks them against TRL's fields
+        if top not in allowed and engine != "trl" and not _trl_option(top):  # split_spec checks TRL's options
             raise ConfigError(f"unknown option --{key}{suggest(top, sorted(allowed))}{_trl_hint(top)}")
     spec = apply_overrides(spec, overrides)
     if preset:

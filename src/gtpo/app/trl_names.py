@@ -40,6 +40,30 @@ TRL_BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", 
 #: every TRL key accepted at the top level of a spec on both engines
 TRL_SPEC_KEYS = TRL_SCRIPT_KEYS + TRL_MODEL_KEYS + ("eval_strategy", "trust_remote_code") + TRL_BATCH_KEYS
 
+#: what each TRL key this module maps becomes on gtpo's engine (the TRL-YAML table of docs/trl-yaml.md)
+TRL_MAPPED_TO = {
+    "model_name_or_path": "model", "model_revision": "model_init_kwargs.revision",
+    "attn_implementation": "model_init_kwargs.attn_implementation",
+    "trust_remote_code": "model_init_kwargs.trust_remote_code",
+    "dataset_name": "dataset.name (a hub id, a local datasets directory, a file)", "dataset_config": "dataset.config",
+    "dataset_train_split": "dataset.split", "dataset_test_split": "eval_dataset (when eval_strategy is not no)",
+    "reward_model_name_or_path": "the first entry of reward_funcs (a sequence-classification model as a reward)",
+    "use_peft": "peft (the lora_* settings apply only with use_peft: true)", "lora_r": "peft.r",
+    "lora_alpha": "peft.lora_alpha", "lora_dropout": "peft.lora_dropout", "lora_target_modules": "peft.target_modules",
+    "lora_modules_to_save": "peft.modules_to_save", "lora_task_type": "peft (CAUSAL_LM only)",
+    "use_rslora": "peft.use_rslora", "use_dora": "peft.use_dora",
+    "load_in_4bit": "model_init_kwargs.quantization_config (compute dtype: dtype)",
+    "load_in_8bit": "model_init_kwargs.quantization_config",
+    "bnb_4bit_quant_type": "model_init_kwargs.quantization_config", "use_bnb_nested_quant":
+    "model_init_kwargs.quantization_config.bnb_4bit_use_double_quant",
+    "bnb_4bit_quant_storage": "model_init_kwargs.quantization_config",
+    "per_device_train_batch_size": "micro_batch_size; prompts_per_step = per_device_train_batch_size x "
+                                   "gradient_accumulation_steps x processes / num_generations",
+    "gradient_accumulation_steps": "prompts_per_step (with per_device_train_batch_size)",
+    "steps_per_generation": "equal to gradient_accumulation_steps only (one update per generation)",
+    "ignore_bias_buffers": "nothing (a DDP setting of TRL's scripts gtpo's trainers do not need)",
+}
+
 _LORA = {"lora_r": "r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout",
          "lora_target_modules": "target_modules", "lora_modules_to_save": "modules_to_save", "use_rslora": "use_rslora",
          "use_dora": "use_dora"}
@@ -53,7 +77,7 @@ def apply_trl_names(spec: dict[str, Any], *, engine: str, where: Callable[[str],
         ConfigError: a key given under both names with different values, a dataset mixture (``datasets``) or
             streaming, TRL's batch fields on gtpo's engine where they have no exact equivalent.
     """
-    if not any(key in spec for key in TRL_SPEC_KEYS):
+    if not any(key in spec for key in TRL_SPEC_KEYS + ("generation_batch_size",)):
         return spec
     spec = dict(spec)
 
@@ -159,7 +183,7 @@ def _trl_batch_on_gtpo_engine(spec: dict[str, Any], take, where) -> None:
     completions / ``group_size`` prompts, in micro-batches of ``per_device_train_batch_size``. With several updates
     per generation (``num_iterations`` > 1) TRL's ``max_steps`` counts updates, gtpo's rollouts, so the two differ:
     refused, naming the fields. The number of processes is the launcher's ``WORLD_SIZE`` (1 without one)."""
-    given = [k for k in TRL_BATCH_KEYS if k in spec]
+    given = [k for k in TRL_BATCH_KEYS + ("generation_batch_size",) if k in spec]
     if not given:
         return
     per_device = take("per_device_train_batch_size", 8)  # GRPOConfig's default
@@ -169,6 +193,13 @@ def _trl_batch_on_gtpo_engine(spec: dict[str, Any], take, where) -> None:
         raise ConfigError(f"{where('steps_per_generation')}: steps_per_generation ({steps}) other than "
                           f"gradient_accumulation_steps ({accumulation}) reuses a generation over several optimizer "
                           "steps, which gtpo's trainer does not do: train with engine: trl (--engine trl)")
+    generation = spec.pop("generation_batch_size", None)
+    completions = per_device * accumulation * int(os.environ.get("WORLD_SIZE", "1"))
+    if generation not in (None, completions):
+        raise ConfigError(f"{where('generation_batch_size')}: generation_batch_size ({generation}) other than "
+                          f"per_device_train_batch_size x gradient_accumulation_steps x processes ({completions}) "
+                          "reuses a generation over several optimizer steps, which gtpo's trainer does not do: train "
+                          "with engine: trl (--engine trl)")
     if (spec.get("num_iterations") or 1) != 1:
         raise ConfigError(f"{where(given[0])}: with num_iterations > 1, TRL's batch fields ({', '.join(given)}) and "
                           "max_steps count optimizer updates while gtpo's trainer counts rollouts: set gtpo's "
@@ -178,7 +209,6 @@ def _trl_batch_on_gtpo_engine(spec: dict[str, Any], take, where) -> None:
             raise ConfigError(f"{where(given[0])}: set either TRL's batch ({', '.join(given)}) or gtpo's ({key}), "
                               "not both; or set `engine: trl` (--engine trl) to train on TRL's engine with TRL's batch")
     group = spec.get("group_size") or spec.get("num_generations") or 8  # both trainers' default G is 8
-    completions = per_device * accumulation * int(os.environ.get("WORLD_SIZE", "1"))
     if completions % group:
         raise ConfigError(f"{where(given[0])}: TRL's batch ({completions} completions per step: "
                           f"per_device_train_batch_size x gradient_accumulation_steps x processes) must be a multiple "

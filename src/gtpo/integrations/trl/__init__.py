@@ -82,8 +82,8 @@ dataclass fields: :data:`GTPO_METHOD_FIELDS`). Names map as follows:
   defaults otherwise); gtpo's ``vllm_kv_cache_memory_bytes``, ``vllm_dtype`` and ``vllm_enforce_eager`` have no
   TRL counterpart (:data:`ENGINE_ONLY`);
 * ``dynamic_sampling`` (the dapo preset) -> not available: TRL's GRPOTrainer has no dynamic sampling;
-* gtpo's ``generation_batch_size`` (completions per generate() call) -> no equivalent (TRL's field of that name
-  is the whole rollout batch); the settings of gtpo's own trainer (:data:`ENGINE_ONLY`) have no effect here.
+* gtpo's ``generation_chunk_size`` (completions per generate() call) -> no equivalent; ``generation_batch_size``
+  is TRL's field on both engines (gtpo's engine reads it as ``prompts_per_step`` x ``group_size``); the settings of gtpo's own trainer (:data:`ENGINE_ONLY`) have no effect here.
 
 ``gtpo train --engine trl`` (``engine: trl`` in the YAML) trains a gtpo YAML on this engine through
 :func:`gtpo.app.trl_run.run_trl_training`, with :meth:`TRLGTPOConfig.from_gtpo_config` doing the mapping above; fields
