@@ -129,3 +129,21 @@ def test_the_table_in_docs_is_generated_from_the_verdicts():
     result = subprocess.run([sys.executable, os.path.join(root, "scripts", "gen_config_docs.py"), "--check"],
                             capture_output=True, text=True)
     assert result.returncode == 0, "docs/trl-yaml.md's table is stale: run python scripts/gen_config_docs.py"
+
+
+def test_disable_dropout_means_the_same_on_both_engines(tiny_model_path, tmp_path):
+    """gtpo's trainer trains without dropout: disable_dropout (TRL's name) is true by default and goes to TRL's engine
+    as it is, so a LoRA adapter's dropout applies on neither; false is refused on gtpo's engine before the model
+    loads, and trains with dropout on TRL's."""
+    from gtpo.app.training import load_run_inputs
+    from gtpo.integrations.trl import TRLGTPOConfig
+
+    assert GTPOConfig().disable_dropout is True
+    args = TRLGTPOConfig.from_gtpo_config(GTPOConfig(output_dir=str(tmp_path)), use_cpu=True)
+    assert args.disable_dropout is True
+    args = TRLGTPOConfig.from_gtpo_config(GTPOConfig(output_dir=str(tmp_path), disable_dropout=False), use_cpu=True)
+    assert args.disable_dropout is False
+    spec = {"model": str(tmp_path / "no-such-model"), "dataset": "no-such-file.jsonl", "reward_funcs": ["format"],
+            "disable_dropout": False}
+    with pytest.raises(ConfigError, match=r"^grpo.yaml: disable_dropout: false is not taken by gtpo's trainer"):
+        load_run_inputs(spec, source="grpo.yaml")  # before the data or the model is read

@@ -102,6 +102,10 @@ class GTPOTrainer:
         if not isinstance(args, GTPOConfig):
             raise ValueError(f"args must be a GTPOConfig, got {type(args).__name__}")
         args.validate()
+        if not args.disable_dropout:
+            raise ValueError("GTPOConfig.disable_dropout: gtpo's trainer trains without dropout (its forward passes "
+                             "are deterministic); set disable_dropout: true, or train with dropout on TRL's engine "
+                             "(engine: trl)")
         if args.use_vllm and args.vllm_enable_sleep_mode and cpu_only():
             raise ValueError("GTPOConfig.vllm_enable_sleep_mode: vLLM has no sleep mode on CPU; set it to false")
         if args.use_vllm:
@@ -169,6 +173,7 @@ class GTPOTrainer:
         self.skipped_updates = 0      # optimizer updates skipped (num_iterations per step at most)
         self.consecutive_skips = 0    # consecutive steps with a skipped update, up to this one
         self.initial_entropy: float | None = None
+        self.num_tokens = 0           # prompt and completion tokens trained on so far, all processes (TRL's metric)
         self.no_signal = NoSignalCounter()  # steps without gradient signal, by reason
         self.last_batch: ScoredBatch | None = None
         self._stop_signal: int | None = None
@@ -260,6 +265,7 @@ class GTPOTrainer:
         t1 = time.perf_counter()
         result = self.update(batch.rollout, advantages, inputs)                # 5. update
         t_upd = time.perf_counter() - t1
+        learning_rate = float(self.scheduler.get_last_lr()[0])  # this step's, logged as TRL logs it
         self.scheduler.step()  # the schedule follows the step count, skipped steps included
         self.global_step += 1
         self._count_skips(result.skipped_updates)
@@ -267,8 +273,10 @@ class GTPOTrainer:
             self.global_step, acc.reduce(result.signal, "sum"), skipped=result.skipped_updates > 0,
             seq_entropy=result.seq_entropy, mask=inputs.mask, threshold=a.entropy_threshold, temperature=a.temperature)
         self.last_batch = batch
-        return step_metrics(self, batch, all_rewards, inputs, result, stats, no_signal,       # 6. metrics
-                            times=(time.perf_counter() - t0, t_gen, t_upd))
+        metrics = step_metrics(self, batch, all_rewards, inputs, result, stats, no_signal,    # 6. metrics
+                               times=(time.perf_counter() - t0, t_gen, t_upd), learning_rate=learning_rate)
+        self.num_tokens = int(metrics["num_tokens"])
+        return metrics
 
     # ------------------------------------------------------------------ 1-2. rollout and score
     @property
@@ -640,6 +648,7 @@ class GTPOTrainer:
             "skipped_updates": self.skipped_updates,
             "consecutive_skips": self.consecutive_skips,
             "initial_entropy": self.initial_entropy,
+            "num_tokens": self.num_tokens,
             "no_signal_steps": self.no_signal.state_dict(),
             "sampler": self.sampler.state_dict(),
             "num_processes": self.accelerator.num_processes,
@@ -670,6 +679,7 @@ class GTPOTrainer:
         self.skipped_updates = int(state.get("skipped_updates", self.skipped_steps))
         self.consecutive_skips = int(state.get("consecutive_skips", 0))
         self.initial_entropy = state.get("initial_entropy")
+        self.num_tokens = int(state.get("num_tokens", 0))
         self.no_signal.load_state_dict(state.get("no_signal_steps", {}))
         saved, current = state.get("config") or {}, self.args.to_dict()
         changed = [k for k in current if k in saved and k not in RESUMABLE_CHANGES and saved[k] != current[k]]

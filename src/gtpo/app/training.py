@@ -29,7 +29,8 @@ logger = logging.getLogger("gtpo")
 __all__ = ["load_run_inputs", "resume_command", "run_training", "sft_warmup"]
 
 def _check_runnable(run: RunSpec, config: GTPOConfig, *, source: str, options) -> None:
-    """A run needs a model, a dataset and reward functions; ``use_vllm`` on gtpo's engine needs vLLM."""
+    """A run needs a model, a dataset and reward functions; on gtpo's engine ``use_vllm`` needs vLLM and
+    ``disable_dropout`` must stay true."""
     missing = [(key, hint) for key, hint in (
         ("model", "--model PATH|HUB_ID"), ("dataset", "--dataset NAME|FILE"),
         ("reward_funcs", "--reward_funcs correctness (names: paper, correctness, format, ...)"))
@@ -38,6 +39,10 @@ def _check_runnable(run: RunSpec, config: GTPOConfig, *, source: str, options) -
         raise ConfigError(
             f"{source}: a run needs " + "; ".join(f"{key} (set `{key}:` or pass {hint})" for key, hint in missing)
             + ". Only `gtpo train` without arguments runs the offline demo; `--demo` starts from it")
+    if not config.disable_dropout and run.engine == "gtpo":
+        raise ConfigError(f"{where_of(options, 'disable_dropout', source)}: disable_dropout: false is not taken by "
+                          "gtpo's trainer, which trains without dropout (deterministic forward passes): set "
+                          "disable_dropout: true, or train with dropout on TRL's engine (engine: trl)")
     if config.use_vllm and run.engine == "gtpo":
         from ..sampling.vllm_engine import VLLM_INSTALL_HINT, vllm_available
 

@@ -396,6 +396,14 @@ class GTPOConfig:
     adam_beta2: float = _f(0.999, "AdamW beta2. [C] 0.999999 (as released).", trl="same", verl="engine")
     adam_epsilon: float = _f(1e-8, "AdamW epsilon.", trl="same", verl="engine")
     max_grad_norm: float = _f(1.0, "Gradient clipping norm; 0 disables. [C] 0.1.", trl="same", verl="engine")
+    disable_dropout: bool = _f(
+        True,
+        "Train without dropout (TRL's name and meaning; TRL's default is false, gtpo's true): the policy's forward "
+        "passes are deterministic, so pi_old and pi_theta of the probability ratio come from the same function and a "
+        "LoRA adapter's lora_dropout does not apply. TRL's engine gets the value as it is, so both engines train "
+        "alike; gtpo's own trainer always trains without dropout and refuses false (engine: trl trains with it).",
+        trl="same", verl="engine",
+    )
     micro_batch_size: int | None = _f(
         None,
         "Completions per forward/backward pass; gradients are accumulated over the rollout batch with "

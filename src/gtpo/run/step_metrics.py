@@ -12,7 +12,8 @@ __all__ = ["step_metrics"]
 
 
 def step_metrics(trainer, batch, all_rewards: torch.Tensor, inputs: UpdateInputs, result: UpdateResult,
-                 stats: dict[str, float], no_signal: str | None, times: tuple[float, float, float]) -> dict[str, float]:
+                 stats: dict[str, float], no_signal: str | None, times: tuple[float, float, float],
+                 learning_rate: float) -> dict[str, float]:
     """The step's metrics, averaged over processes (one host sync). TRL's names where TRL logs the same
     quantity, GTPO's own under ``gtpo/`` (:mod:`gtpo.run.metric_names`; the table: docs/metrics.md).
 
@@ -21,7 +22,9 @@ def step_metrics(trainer, batch, all_rewards: torch.Tensor, inputs: UpdateInputs
     :class:`gtpo.rewards.scoring.ScoredBatch` (this process's rows); ``all_rewards (P_all * G,)`` the rewards of
     every process; ``inputs`` and ``result`` the update's; ``stats`` the rollout's metrics (dynamic sampling, vLLM
     sync); ``no_signal`` the reason this step trained nothing, or None; ``times`` the step's, sampling's and
-    update's seconds."""
+    update's seconds (``num_tokens``: ``trainer.num_tokens`` before the step plus this step's prompt and completion
+    tokens over all processes, TRL's metric); ``learning_rate`` the rate this step's updates used (TRL logs the same: the rate before the
+    scheduler steps)."""
     acc, g = trainer.accelerator, trainer.args.group_size
     dev = acc.device
     rollout = batch.rollout
@@ -32,6 +35,7 @@ def step_metrics(trainer, batch, all_rewards: torch.Tensor, inputs: UpdateInputs
         "entropy": result.entropy_sum / inputs.mask.sum().clamp(min=1).to(dev),
         "completions/mean_length": lengths.mean(),
         "completions/clipped_ratio": rollout.truncated.float().mean(),
+        "step_tokens": (rollout.prompt_mask.sum() + rollout.completion_mask.sum()).float(),  # summed below
         "gtpo/conflict_frac": inputs.conflict_frac,
         **{canonical_name(key): val / n for key, val in result.metrics.items()},
         **{canonical_name(key): val for key, val in result.policy_change.items()},
@@ -50,6 +54,7 @@ def step_metrics(trainer, batch, all_rewards: torch.Tensor, inputs: UpdateInputs
             metrics[key] = float(acc.reduce(val.reshape(1).to(dev), "max"))
         elif key.endswith("_min"):
             metrics[key] = -float(acc.reduce(-val.reshape(1).to(dev), "max"))
+    step_tokens = round(metrics.pop("step_tokens") * acc.num_processes)  # the mean over processes -> the sum
     step_time, t_gen, t_upd = times
     grad_norm = result.grad_norm
     metrics.update({
@@ -60,7 +65,8 @@ def step_metrics(trainer, batch, all_rewards: torch.Tensor, inputs: UpdateInputs
         "completions/max_length": float(acc.reduce(lengths.max().to(dev), "max")),
         "completions/min_length": -float(acc.reduce(-lengths.min().to(dev), "max")),
         "grad_norm": float(grad_norm) if torch.isfinite(grad_norm) else float("nan"),
-        "learning_rate": float(trainer.scheduler.get_last_lr()[0]),
+        "learning_rate": learning_rate,
+        "num_tokens": float(trainer.num_tokens + step_tokens),  # TRL's: prompt and completion tokens so far
         "gtpo/skipped_steps": float(trainer.skipped_steps),
         "gtpo/skipped_updates": float(trainer.skipped_updates),
         "gtpo/no_signal_steps": float(trainer.no_signal.total),
