@@ -38,12 +38,43 @@ def _check_runnable(run: RunSpec, config: GTPOConfig, *, source: str, options) -
         raise ConfigError(
             f"{source}: a run needs " + "; ".join(f"{key} (set `{key}:` or pass {hint})" for key, hint in missing)
             + ". Only `gtpo train` without arguments runs the offline demo; `--demo` starts from it")
+    if run.engine == "gtpo":
+        _refuse_on_gtpo_engine(config, source=source, options=options)
     if config.use_vllm and run.engine == "gtpo":
         from ..sampling.vllm_engine import VLLM_INSTALL_HINT, vllm_available
 
         if not vllm_available():
             raise ConfigError(f"{where_of(options, 'use_vllm', source)}: use_vllm needs vLLM, which is not installed: "
                               f"{VLLM_INSTALL_HINT}")
+
+
+def _refuse_on_gtpo_engine(config: GTPOConfig, *, source: str, options) -> None:
+    """Before any model loads: what gtpo's engine refuses of a valid config (:func:`gtpo.config.check_gtpo_engine`)."""
+    from ..config import check_gtpo_engine
+    from ..errors import ConfigValueError
+
+    try:
+        check_gtpo_engine(config)
+    except ConfigValueError as err:
+        raise ConfigError(f"{where_of(options, err.field, source)}: {err}") from None
+
+
+def _refuse_resuming_a_model_only_checkpoint(run: RunSpec, config: GTPOConfig) -> None:
+    """Before any model loads: resuming gtpo's engine from a checkpoint written with ``save_only_model`` (no
+    optimizer, scheduler or RNG state) is refused (:func:`gtpo.run.checkpoint.refuse_model_only`)."""
+    from ..run.checkpoint import latest_checkpoint, read_state, refuse_model_only
+
+    resume = run.resume_from_checkpoint
+    if isinstance(resume, str) and resume.strip().lower() in ("true", "false", "no", "none", "null", ""):
+        resume = resume.strip().lower() == "true"
+    path = latest_checkpoint(config.output_dir) if resume is True else resume if isinstance(resume, str) else None
+    if path is None or not os.path.isdir(path):
+        return  # nothing to resume from, or a path the trainer names in its own error
+    try:
+        refuse_model_only(path, read_state(path))
+    except ValueError as err:
+        if "save_only_model" in str(err):
+            raise ConfigError(str(err)) from None
 
 
 def _quantizes(spec: dict[str, Any]) -> bool:
@@ -69,6 +100,9 @@ def load_run_inputs(spec: dict[str, Any], *, source: str, options=frozenset()) -
     from ..run.trackers import check_trackers
 
     check_trackers(config.report_to, where=where_of(options, "report_to", source))  # both engines, before loading
+    _check_push_to_hub(config, source=source, options=options)
+    if run.engine == "gtpo":
+        _refuse_resuming_a_model_only_checkpoint(run, config)
     train_ds = load_dataset_spec(run.dataset, default_split="train")
     eval_ds = None if run.eval_dataset is None else load_dataset_spec(run.eval_dataset, default_split="test")
     rewards = [resolve_reward(r) for r in run.reward_funcs]
@@ -77,6 +111,17 @@ def load_run_inputs(spec: dict[str, Any], *, source: str, options=frozenset()) -
     if run.sft_warmup:
         model = sft_warmup(model, train_ds, run, config)
     return RunInputs(run, config, train_ds, eval_ds, rewards, eval_reward, model)
+
+
+def _check_push_to_hub(config: GTPOConfig, *, source: str, options) -> None:
+    """``push_to_hub`` offline: refused on both engines before anything loads (:func:`gtpo.run.hub.check_push_to_hub`)."""
+    from ..errors import ConfigValueError
+    from ..run.hub import check_push_to_hub
+
+    try:
+        check_push_to_hub(config, where=where_of(options, "push_to_hub", source))
+    except ConfigValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def run_training(spec: dict[str, Any], *, source: str, argv: list[str] | None = None,
