@@ -223,3 +223,12 @@ def test_trl_engine_gets_the_checkpoint_and_hub_options_unchanged(tmp_path):
     assert (steps.save_strategy, steps.save_steps) == ("steps", 10)  # TRL counts optimizer steps
     none = TRLGTPOConfig.from_gtpo_config(GTPOConfig(output_dir=str(tmp_path), save_steps=0), use_cpu=True)
     assert none.save_strategy == "no"  # gtpo's save_steps 0: no checkpoints
+
+
+def test_the_printed_resume_command_hides_the_hub_token():
+    from gtpo.app.training import resume_command
+
+    for argv in (["run.yaml", "--hub_token", TOKEN, "--max_steps", "3"], ["run.yaml", f"--hub_token={TOKEN}",
+                                                                           "--max_steps", "3"]):
+        assert resume_command(argv, source="run.yaml", output_dir="out") == \
+            "gtpo train run.yaml --hub_token '<HUB_TOKEN>' --max_steps 3 --resume_from_checkpoint true"

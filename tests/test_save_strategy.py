@@ -119,3 +119,20 @@ def test_a_stop_checkpoint_is_complete_under_save_only_model(tiny_model_path, tm
     resumed = GTPOTrainer(tiny_model_path, [digit_reward], rows(4), args=cfg)
     resumed.train(resume_from_checkpoint=True)
     assert resumed.global_step == 4
+
+
+@pytest.mark.parametrize("fields", [{"save_strategy": "epoch"}, {"save_strategy": "steps", "save_steps": 2}],
+                         ids=["epoch", "steps-2"])
+def test_the_same_yaml_checkpoints_the_same_steps_on_both_engines(tiny_model_path, tmp_path, fields):
+    """4 prompts, 2 a step: TRL's epoch is gtpo's (2 steps). (Transformers also writes a checkpoint at the last step
+    when it is not a save step; gtpo's engine writes the final model there: max_steps 4 is one of both here.)"""
+    pytest.importorskip("trl")
+    found = {}
+    for engine in ("gtpo", "trl"):
+        (tmp_path / engine).mkdir()
+        path = write_cli_inputs(tmp_path / engine, tiny_model_path, max_steps=4, save_total_limit=None,
+                                log_completions_steps=0, engine=engine, **fields)
+        assert main(["train", "--config", path]) == 0
+        out = tmp_path / engine / "out"
+        found[engine] = sorted(int(n.split("-")[1]) for n in os.listdir(out) if n.startswith("checkpoint-"))
+    assert found == {"gtpo": [2, 4], "trl": [2, 4]}

@@ -246,7 +246,8 @@ def sft_warmup(model_spec: str, train_ds, run: RunSpec, config: GTPOConfig) -> s
 
 def resume_command(argv: list[str] | None, *, source: str, output_dir: str) -> str:
     """The ``gtpo train`` command that resumes this run: the same arguments (without overwriting
-    or an earlier resume option) plus ``--resume_from_checkpoint true``."""
+    or an earlier resume option; a ``--hub_token`` value shown as ``<HUB_TOKEN>``) plus ``--resume_from_checkpoint
+    true``."""
     if argv is None:
         args = ([source] if os.path.isfile(source) else []) + ["--output_dir", output_dir]
     elif not argv:  # `gtpo train` alone ran the default run; with an option it must be asked for
@@ -259,6 +260,10 @@ def resume_command(argv: list[str] | None, *, source: str, output_dir: str) -> s
             key = "--" + tok[2:].split("=", 1)[0].replace("-", "_") if tok.startswith("--") else None
             takes_value = key is not None and "=" not in tok and i + 1 < len(argv) and not argv[i + 1].startswith("--")
             if key in drop:
+                i += 2 if takes_value else 1
+                continue
+            if key == "--hub_token":  # never printed: the user puts it back (or uses `hf auth login`)
+                args += ["--hub_token", "<HUB_TOKEN>"]
                 i += 2 if takes_value else 1
                 continue
             args.append(tok)
