@@ -50,8 +50,8 @@ from .maths.losses import POLICY_LOSSES
 from .rewards.scoring import RewardScorer, ScoredBatch, overlong_penalty
 from .run.build import check_distributed_type, cpu_only
 from .run.checkpoint import RESUME_HINT, RunDirectory
-from .run.hub import HubPusher, check_push_to_hub
 from .run.diagnostics import NoSignalCounter, policy_change_sums, probe_probabilities, signal_counts
+from .run.hub import HubPusher, check_push_to_hub, repo_name
 from .run.signals import install_stop_handlers, restore_handlers, stop_requested
 from .run.step_metrics import step_metrics
 from .run.trackers import check_trackers, start_trackers
@@ -628,8 +628,6 @@ class GTPOTrainer:
         if acc.num_processes > 1:
             failed = bool(acc.reduce(torch.tensor(float(failed), device=acc.device), "max"))
         if failed:
-            from .run.hub import repo_name
-
             what = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}" if error else \
                 "it failed on the main process"
             raise HubUploadError(

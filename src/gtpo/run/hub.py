@@ -11,7 +11,8 @@ transformers' Trainer does (``init_hf_repo``, ``_push_from_checkpoint``, ``push_
   saved while the previous push is still uploading is not pushed unless ``hub_always_push``), from a staging
   directory of hard links (``output_dir/.tmp-checkpoint-upload-N``), so that deleting an old checkpoint
   (``save_total_limit``) never pulls files from under an upload. A failed upload is logged as an error and training
-  goes on: the checkpoint is saved locally first, and the end of training pushes the final model again;
+  goes on: the checkpoint is saved locally first, and the end of training pushes the final model again. A stop
+  checkpoint (SIGTERM/SIGINT) is not pushed: the process is being stopped, and waits only for a push under way;
 * at the end (every ``hub_strategy``) the final model, tokenizer and logs in ``output_dir`` (not its checkpoints,
   hidden files or ``sft-warmup/``) in one blocking commit "End of training"; a failure raises
   :class:`gtpo.errors.HubUploadError` after the final model is saved locally.
