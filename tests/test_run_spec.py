@@ -44,9 +44,9 @@ def test_split_spec_returns_typed_run_and_config():
 
 
 def test_trl_options_are_kept_apart():
-    run, _ = split_spec({"engine": "trl", "push_to_hub": False}, source="run.yaml")
-    assert run.engine == "trl" and run.trl == {"push_to_hub": False}
-    assert "push_to_hub" not in run.to_dict()
+    run, _ = split_spec({"engine": "trl", "ddp_find_unused_parameters": False}, source="run.yaml")
+    assert run.engine == "trl" and run.trl == {"ddp_find_unused_parameters": False}
+    assert "ddp_find_unused_parameters" not in run.to_dict()
 
 
 def test_typo_in_a_run_key_names_the_key_and_the_file(tmp_path, capsys):

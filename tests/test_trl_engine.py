@@ -599,8 +599,10 @@ def test_cli_engine_trl_end_to_end(tiny_model_path, tmp_path, capsys):
         split_spec({**spec, "engine": "trl", "num_generations": 5}, source="run.yaml")  # both names, two values
     with pytest.raises(ConfigError, match="engine must be one of"):
         split_spec({**spec, "engine": "verl"}, source="run.yaml")
-    run, _ = split_spec({**spec, "engine": "trl", "use_vllm": False, "push_to_hub": False}, source="run.yaml")
-    assert run.trl == {"use_vllm": False, "push_to_hub": False}
+    run, config = split_spec({**spec, "engine": "trl", "use_vllm": False, "ddp_find_unused_parameters": False,
+                              "push_to_hub": False}, source="run.yaml")
+    assert run.trl == {"use_vllm": False, "ddp_find_unused_parameters": False}
+    assert config.push_to_hub is False  # a GTPOConfig field of TRL's meaning, passed on by from_gtpo_config
 
     assert main(["train", str(cfg), "--per_device_train_batch_size", "2"]) == 2
     assert "set `engine: trl`" in capsys.readouterr().err

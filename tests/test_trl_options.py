@@ -145,5 +145,6 @@ def test_disable_dropout_means_the_same_on_both_engines(tiny_model_path, tmp_pat
     assert args.disable_dropout is False
     spec = {"model": str(tmp_path / "no-such-model"), "dataset": "no-such-file.jsonl", "reward_funcs": ["format"],
             "disable_dropout": False}
-    with pytest.raises(ConfigError, match=r"^grpo.yaml: disable_dropout: false is not taken by gtpo's trainer"):
+    with pytest.raises(ConfigError, match=r"^grpo.yaml: GTPOConfig.disable_dropout=False: gtpo's trainer trains "
+                                          r"without dropout"):
         load_run_inputs(spec, source="grpo.yaml")  # before the data or the model is read

@@ -22,7 +22,7 @@ from typing import Any
 
 from .app.spec import RunSpec, from_yaml, parse_overrides, resolve_train_spec, split_spec
 from .config import GTPOConfig
-from .errors import CheckpointError, ConfigError, TrainingStopped
+from .errors import CheckpointError, ConfigError, HubUploadError, TrainingStopped
 
 logger = logging.getLogger("gtpo")
 
@@ -117,7 +117,8 @@ def train_main(argv: list[str], *, hooks=None) -> int:
     spec, source, options = resolve_train_spec(config_path, overrides, demo=demo)
     if print_config:
         split_spec(spec, source=source, options=options)
-        print(yaml.safe_dump(spec, sort_keys=False))
+        shown = {**spec, "hub_token": "<HUB_TOKEN>"} if spec.get("hub_token") is not None else spec  # never printed
+        print(yaml.safe_dump(shown, sort_keys=False))
         return 0
     return run_training(spec, source=source, argv=list(argv), options=options, hooks=hooks)
 
@@ -358,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as err:
         # a run that stopped on purpose (non-finite steps) or could not write a checkpoint: the message
         # says what, where and which checkpoint is intact; anything else is a bug and keeps its traceback
-        if isinstance(err, (CheckpointError, TrainingStopped)):
+        if isinstance(err, (CheckpointError, HubUploadError, TrainingStopped)):
             notes = "".join("\n" + n for n in getattr(err, "__notes__", []))
             print(f"gtpo {command}: error: {err}{notes}", file=sys.stderr)
             return 1

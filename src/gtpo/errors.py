@@ -7,6 +7,8 @@
   from non-finite probabilities); the last good checkpoint is kept.
 * :class:`CheckpointError` -- a checkpoint, the final model or a log could not be written; the
   previous checkpoint is intact.
+* :class:`HubUploadError` -- ``push_to_hub``: the repository could not be created, or the final model could not be
+  uploaded (it is saved locally).
 """
 
 from __future__ import annotations
@@ -38,4 +40,12 @@ class CheckpointError(RuntimeError):
 
     The message names what was being written, where, and the newest checkpoint that is intact;
     the original exception (e.g. ``OSError(ENOSPC)``) is chained as ``__cause__``.
+    """
+
+
+class HubUploadError(RuntimeError):
+    """``push_to_hub``: creating the Hub repository at the start or uploading the final model at the end failed.
+
+    The message names the repository, what failed and, at the end, where the model is saved locally and the command
+    that uploads it; the original exception is chained as ``__cause__``.
     """

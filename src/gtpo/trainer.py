@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
-from .config import GTPOConfig, fields_where
+from .config import GTPOConfig, check_gtpo_engine, fields_where
 from .data.loaders import as_dataset
-from .errors import TrainingStopped
+from .errors import HubUploadError, TrainingStopped
 from .maths import method
 from .maths.advantages import group_advantages
 from .maths.losses import POLICY_LOSSES
@@ -51,6 +51,7 @@ from .rewards.scoring import RewardScorer, ScoredBatch, overlong_penalty
 from .run.build import check_distributed_type, cpu_only
 from .run.checkpoint import RESUME_HINT, RunDirectory
 from .run.diagnostics import NoSignalCounter, policy_change_sums, probe_probabilities, signal_counts
+from .run.hub import HubPusher, check_push_to_hub, repo_name
 from .run.signals import install_stop_handlers, restore_handlers, stop_requested
 from .run.step_metrics import step_metrics
 from .run.trackers import check_trackers, start_trackers
@@ -102,10 +103,8 @@ class GTPOTrainer:
         if not isinstance(args, GTPOConfig):
             raise ValueError(f"args must be a GTPOConfig, got {type(args).__name__}")
         args.validate()
-        if not args.disable_dropout:
-            raise ValueError("GTPOConfig.disable_dropout: gtpo's trainer trains without dropout (its forward passes "
-                             "are deterministic); set disable_dropout: true, or train with dropout on TRL's engine "
-                             "(engine: trl)")
+        check_gtpo_engine(args)  # what gtpo's engine refuses of a valid config (save_strategy: best)
+        check_push_to_hub(args)  # push_to_hub needs the Hub: refused offline, before the model loads
         if args.use_vllm and args.vllm_enable_sleep_mode and cpu_only():
             raise ValueError("GTPOConfig.vllm_enable_sleep_mode: vLLM has no sleep mode on CPU; set it to false")
         if args.use_vllm:
@@ -126,6 +125,8 @@ class GTPOTrainer:
         self.local_prompts = args.prompts_per_step // acc.num_processes
         set_seed(args.seed, device_specific=True)
         self.run_dir = RunDirectory(args.output_dir, acc)
+        #: push_to_hub's uploads (gtpo.run.hub; the main process's only)
+        self.hub = HubPusher(args) if args.push_to_hub and acc.is_main_process else None
 
         # model and tokenizer (gtpo.run.build; the dtypes and devices of docs/gpu.md)
         self.model_name = model if isinstance(model, str) else \
@@ -550,6 +551,8 @@ class GTPOTrainer:
                                               "dropped_prompts": self.dropped_prompts})
         if a.report_to:
             start_trackers(acc, a.run_name or os.path.basename(os.path.abspath(a.output_dir)), a.to_dict())
+        if a.push_to_hub:
+            self._create_hub_repo()
         previous = install_stop_handlers(self._on_stop_signal)
         bar = tqdm(total=a.max_steps, initial=self.global_step, disable=a.disable_tqdm or not acc.is_main_process,
                    desc=f"{a.loss_type} training", dynamic_ncols=True)
@@ -580,12 +583,12 @@ class GTPOTrainer:
                 if self.no_signal.total:
                     postfix["no_signal"] = self.no_signal.summary()
                 bar.set_postfix(postfix)
-                if a.save_steps and self.global_step % a.save_steps == 0:
-                    self.save_checkpoint()
+                if self.saves_at(self.global_step):
+                    self.push_checkpoint(self.save_checkpoint())
                     last_saved = self.global_step
                 if self.global_step < a.max_steps and stop_requested(self._stop_signal is not None, acc):
-                    if last_saved != self.global_step:
-                        self.save_checkpoint()
+                    if last_saved != self.global_step or a.save_only_model:  # a stop checkpoint is resumable
+                        self.save_checkpoint(model_only=False)
                     self.stopped_early = os.path.join(a.output_dir, f"checkpoint-{self.global_step}")
                     self.stopped_by = (signal.Signals(self._stop_signal).name if self._stop_signal is not None
                                        else "a signal to another process")
@@ -594,12 +597,53 @@ class GTPOTrainer:
                                    self.stopped_by, self.global_step, a.max_steps, self.stopped_early)
                     return metrics
             self.save_model()
+            if self.hub is not None:
+                self.hub.push_final()
         finally:
             bar.close()
             restore_handlers(previous)
+            if self.hub is not None:
+                self.hub.wait()
             if a.report_to:
                 acc.end_training()
         return metrics
+
+    def saves_at(self, step: int) -> bool:
+        """Whether ``save_strategy`` writes a checkpoint after ``step``: 'steps' every ``save_steps`` steps (0: never),
+        'epoch' at the end of each epoch (every :attr:`steps_per_epoch` steps), 'no' never (the final model and a
+        stop checkpoint are written whatever it says)."""
+        a = self.args
+        if a.save_strategy == "steps":
+            return bool(a.save_steps) and step % a.save_steps == 0
+        if a.save_strategy == "epoch":
+            return step % self.steps_per_epoch == 0
+        return False
+
+    def _create_hub_repo(self) -> None:
+        """``push_to_hub``: the main process creates the repository (:meth:`gtpo.run.hub.HubPusher.create_repo`);
+        if that fails every process raises :class:`HubUploadError`, before the first step."""
+        acc, error = self.accelerator, None
+        if self.hub is not None:
+            try:
+                self.hub.create_repo()
+            except Exception as err:  # noqa: BLE001 -- named below, on every process
+                error = err
+        failed = error is not None
+        if acc.num_processes > 1:
+            failed = bool(acc.reduce(torch.tensor(float(failed), device=acc.device), "max"))
+        if failed:
+            what = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}" if error else \
+                "it failed on the main process"
+            raise HubUploadError(
+                f"push_to_hub: could not create or reach the Hub repository {repo_name(self.args)!r} ({what}); no "
+                "step was trained. Check hub_model_id, hub_token (or `hf auth login`) and the network, or set "
+                "push_to_hub: false") from error
+
+    def push_checkpoint(self, path: str) -> None:
+        """``push_to_hub``: push the checkpoint just written at ``path`` (main process, in the background;
+        :meth:`gtpo.run.hub.HubPusher.push_checkpoint`)."""
+        if self.hub is not None:
+            self.hub.push_checkpoint(path, step=self.global_step, epoch=self.global_step // self.steps_per_epoch)
 
     def evaluate(self) -> dict[str, float]:
         """Evaluate on ``eval_dataset``; returns ``eval/*`` metrics."""
@@ -655,11 +699,13 @@ class GTPOTrainer:
             "config": self.args.to_dict(),
         }
 
-    def save_checkpoint(self) -> str:
-        """Write ``checkpoint-<global_step>`` atomically (:meth:`gtpo.run.checkpoint.RunDirectory.save_checkpoint`)."""
+    def save_checkpoint(self, model_only: bool | None = None) -> str:
+        """Write ``checkpoint-<global_step>`` atomically (:meth:`gtpo.run.checkpoint.RunDirectory.save_checkpoint`);
+        ``model_only`` (None: ``save_only_model``) leaves out the optimizer, scheduler and RNG states."""
         return self.run_dir.save_checkpoint(
             self.global_step, model=self.unwrapped_model, tokenizer=self.tokenizer, optimizer=self.optimizer,
             scheduler=self.scheduler, state=self._state(), save_total_limit=self.args.save_total_limit,
+            model_only=self.args.save_only_model if model_only is None else model_only,
         )
 
     def load_checkpoint(self, path: str) -> None:

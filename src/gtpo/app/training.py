@@ -39,16 +39,43 @@ def _check_runnable(run: RunSpec, config: GTPOConfig, *, source: str, options) -
         raise ConfigError(
             f"{source}: a run needs " + "; ".join(f"{key} (set `{key}:` or pass {hint})" for key, hint in missing)
             + ". Only `gtpo train` without arguments runs the offline demo; `--demo` starts from it")
-    if not config.disable_dropout and run.engine == "gtpo":
-        raise ConfigError(f"{where_of(options, 'disable_dropout', source)}: disable_dropout: false is not taken by "
-                          "gtpo's trainer, which trains without dropout (deterministic forward passes): set "
-                          "disable_dropout: true, or train with dropout on TRL's engine (engine: trl)")
+    if run.engine == "gtpo":
+        _refuse_on_gtpo_engine(config, source=source, options=options)
     if config.use_vllm and run.engine == "gtpo":
         from ..sampling.vllm_engine import VLLM_INSTALL_HINT, vllm_available
 
         if not vllm_available():
             raise ConfigError(f"{where_of(options, 'use_vllm', source)}: use_vllm needs vLLM, which is not installed: "
                               f"{VLLM_INSTALL_HINT}")
+
+
+def _refuse_on_gtpo_engine(config: GTPOConfig, *, source: str, options) -> None:
+    """Before any model loads: what gtpo's engine refuses of a valid config (:func:`gtpo.config.check_gtpo_engine`)."""
+    from ..config import check_gtpo_engine
+    from ..errors import ConfigValueError
+
+    try:
+        check_gtpo_engine(config)
+    except ConfigValueError as err:
+        raise ConfigError(f"{where_of(options, err.field, source)}: {err}") from None
+
+
+def _refuse_resuming_a_model_only_checkpoint(run: RunSpec, config: GTPOConfig) -> None:
+    """Before any model loads: resuming gtpo's engine from a checkpoint written with ``save_only_model`` (no
+    optimizer, scheduler or RNG state) is refused (:func:`gtpo.run.checkpoint.refuse_model_only`)."""
+    from ..run.checkpoint import latest_checkpoint, read_state, refuse_model_only
+
+    resume = run.resume_from_checkpoint
+    if isinstance(resume, str) and resume.strip().lower() in ("true", "false", "no", "none", "null", ""):
+        resume = resume.strip().lower() == "true"
+    path = latest_checkpoint(config.output_dir) if resume is True else resume if isinstance(resume, str) else None
+    if path is None or not os.path.isdir(path):
+        return  # nothing to resume from, or a path the trainer names in its own error
+    try:
+        refuse_model_only(path, read_state(path))
+    except ValueError as err:
+        if "save_only_model" in str(err):
+            raise ConfigError(str(err)) from None
 
 
 def _quantizes(spec: dict[str, Any]) -> bool:
@@ -74,6 +101,9 @@ def load_run_inputs(spec: dict[str, Any], *, source: str, options=frozenset()) -
     from ..run.trackers import check_trackers
 
     check_trackers(config.report_to, where=where_of(options, "report_to", source))  # both engines, before loading
+    _check_push_to_hub(config, source=source, options=options)
+    if run.engine == "gtpo":
+        _refuse_resuming_a_model_only_checkpoint(run, config)
     train_ds = load_dataset_spec(run.dataset, default_split="train")
     eval_ds = None if run.eval_dataset is None else load_dataset_spec(run.eval_dataset, default_split="test")
     rewards = [resolve_reward(r) for r in run.reward_funcs]
@@ -82,6 +112,17 @@ def load_run_inputs(spec: dict[str, Any], *, source: str, options=frozenset()) -
     if run.sft_warmup:
         model = sft_warmup(model, train_ds, run, config)
     return RunInputs(run, config, train_ds, eval_ds, rewards, eval_reward, model)
+
+
+def _check_push_to_hub(config: GTPOConfig, *, source: str, options) -> None:
+    """``push_to_hub`` offline: refused on both engines before anything loads (:func:`gtpo.run.hub.check_push_to_hub`)."""
+    from ..errors import ConfigValueError
+    from ..run.hub import check_push_to_hub
+
+    try:
+        check_push_to_hub(config, where=where_of(options, "push_to_hub", source))
+    except ConfigValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def run_training(spec: dict[str, Any], *, source: str, argv: list[str] | None = None,
@@ -206,7 +247,8 @@ def sft_warmup(model_spec: str, train_ds, run: RunSpec, config: GTPOConfig) -> s
 
 def resume_command(argv: list[str] | None, *, source: str, output_dir: str) -> str:
     """The ``gtpo train`` command that resumes this run: the same arguments (without overwriting
-    or an earlier resume option) plus ``--resume_from_checkpoint true``."""
+    or an earlier resume option; a ``--hub_token`` value shown as ``<HUB_TOKEN>``) plus ``--resume_from_checkpoint
+    true``."""
     if argv is None:
         args = ([source] if os.path.isfile(source) else []) + ["--output_dir", output_dir]
     elif not argv:  # `gtpo train` alone ran the default run; with an option it must be asked for
@@ -219,6 +261,10 @@ def resume_command(argv: list[str] | None, *, source: str, output_dir: str) -> s
             key = "--" + tok[2:].split("=", 1)[0].replace("-", "_") if tok.startswith("--") else None
             takes_value = key is not None and "=" not in tok and i + 1 < len(argv) and not argv[i + 1].startswith("--")
             if key in drop:
+                i += 2 if takes_value else 1
+                continue
+            if key == "--hub_token":  # never printed: the user puts it back (or uses `hf auth login`)
+                args += ["--hub_token", "<HUB_TOKEN>"]
                 i += 2 if takes_value else 1
                 continue
             args.append(tok)

@@ -34,10 +34,10 @@ This package imports nothing from torch or the rest of the package (but :mod:`gt
 from __future__ import annotations
 
 from ..errors import ConfigValueError
-from .checks import MODEL_DTYPES, _check_model_init_kwargs
+from .checks import MODEL_DTYPES, _check_model_init_kwargs, check_gtpo_engine
 from .declarations import (_FACTS, _TYPE_WORDS, AGGREGATIONS, COMPLETION_REDUCTIONS, COMPLETION_SIGNS, CONFLICT_COMBINE,
                            CONFLICT_COUNT, DEFAULT_AGGREGATION, ENTROPY_RULES, FILTER_SCOPES,
-                           GAMMA_GROUPS, GTPO_GAMMA, LN2, LOSS_TYPES, OPTIMIZERS, REPORT_TARGETS, RUN_DTYPES,
-                           SCALE_REWARDS, TRL_ROLES, VERL_ROLES, VLLM_DTYPES, VLLM_IS_MODES, _describe, _f, _matches,
+                           GAMMA_GROUPS, GTPO_GAMMA, HUB_STRATEGIES, LN2, LOSS_TYPES, OPTIMIZERS, REPORT_TARGETS, RUN_DTYPES,
+                           SAVE_STRATEGIES, SCALE_REWARDS, TRL_ROLES, VERL_ROLES, VLLM_DTYPES, VLLM_IS_MODES, _describe, _f, _matches,
                            documented_field, field_annotation, type_problem)
 from .gtpo_config import _FIELDS, FIELD_CHOICES, SHARED_VLLM_FIELDS, GTPOConfig, _Values, field_default, fields_where, resolved

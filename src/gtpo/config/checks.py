@@ -182,6 +182,23 @@ def check_values(config: Any) -> None:
     if not config.eval_k or any((not isinstance(k, int)) or k < 1 for k in config.eval_k):
         raise ValueError(f"GTPOConfig.eval_k must be a non-empty list of integers >= 1, got {config.eval_k!r}")
 
+def check_gtpo_engine(config: Any) -> None:
+    """What gtpo's own trainer refuses of a valid config (TRL's engine takes it): ``save_strategy: best``,
+    ``disable_dropout: false``. Raises :class:`ConfigValueError` naming the field, the reason and the alternative;
+    called before the model loads."""
+    if not config.disable_dropout:
+        raise ConfigValueError(
+            "GTPOConfig.disable_dropout=False: gtpo's trainer trains without dropout (its forward passes are "
+            "deterministic); set disable_dropout: true, or train with dropout on TRL's engine (engine: trl, "
+            "--engine trl)", "disable_dropout")
+    if config.save_strategy == "best":
+        raise ConfigValueError(
+            "GTPOConfig.save_strategy='best' saves a checkpoint at each new best value of metric_for_best_model, an "
+            "evaluation metric that gtpo's engine does not rank checkpoints by; use save_strategy 'steps' (every "
+            "save_steps), 'epoch' or 'no', or train on TRL's engine (engine: trl, --engine trl) with "
+            "metric_for_best_model and an eval_strategy", "save_strategy")
+
+
 def check_baseline_purity(config: Any) -> None:
     """A baseline loss with GTPO's switches on is refused unless ``gtpo_ablation`` says it is meant."""
     on = config.gtpo_switches_on()

@@ -30,6 +30,8 @@ REPORT_TARGETS = ("none", "tensorboard", "wandb", "trackio")
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 RUN_DTYPES = ("auto", "float32", "bfloat16")
 SAVE_DTYPES = ("auto", "float32")
+SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
+HUB_STRATEGIES = ("every_save", "end", "checkpoint", "all_checkpoints")
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adamw_8bit", "paged_adamw_8bit")
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 #: gamma, GTPO's entropy-shaping coefficient [P][C]: the default of loss_type gtpo and of the official / paper presets

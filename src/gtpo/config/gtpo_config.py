@@ -16,8 +16,9 @@ from typing import Any, ClassVar, Mapping
 from .presets import PRESETS as _PRESETS, apply_preset as _apply_preset, preset_values as _preset_values
 from .checks import check, settle
 from .declarations import (_FACTS, AGGREGATIONS, COMPLETION_REDUCTIONS, COMPLETION_SIGNS, CONFLICT_COMBINE, CONFLICT_COUNT,
-                           DEFAULT_AGGREGATION, ENTROPY_RULES, FILTER_SCOPES, GAMMA_GROUPS, GTPO_GAMMA, LOSS_TYPES,
-                           OPTIMIZERS, REPORT_TARGETS, RUN_DTYPES, SAVE_DTYPES, SCALE_REWARDS, VLLM_DTYPES, VLLM_IS_MODES,
+                           DEFAULT_AGGREGATION, ENTROPY_RULES, FILTER_SCOPES, GAMMA_GROUPS, GTPO_GAMMA, HUB_STRATEGIES, LOSS_TYPES,
+                           OPTIMIZERS, REPORT_TARGETS, RUN_DTYPES, SAVE_DTYPES, SAVE_STRATEGIES, SCALE_REWARDS, VLLM_DTYPES,
+                           VLLM_IS_MODES,
                            _f)
 
 
@@ -500,8 +501,27 @@ class GTPOConfig:
     )
     num_completions_to_print: int = _f(4, "How many sample completions are logged each time.",
         trl="same", verl="engine", resumable=True)
-    save_steps: int = _f(50, "Save a checkpoint every this many steps (0: only the final model).",
+    save_strategy: str = _f(
+        "steps",
+        "When checkpoints are written during training (TRL's / transformers' save_strategy): 'steps' every "
+        "save_steps steps, 'epoch' at the end of each epoch (a pass over the training prompts: len(dataset) // "
+        "prompts_per_step steps), 'no' none. The final model is written to output_dir in every case, and a run "
+        "stopped by SIGTERM/SIGINT still writes its stop checkpoint (fault tolerance, docs/fault-tolerance.md). "
+        "'best' (a checkpoint at each new best of metric_for_best_model) exists on TRL's engine only: gtpo's "
+        "engine does not rank checkpoints by an evaluation metric, so it refuses it (engine: trl).",
+        trl="converted", verl="engine", resumable=True,
+        choices=SAVE_STRATEGIES,
+    )
+    save_steps: int = _f(50, "Save a checkpoint every this many steps with save_strategy 'steps' (0: none, only the "
+        "final model).",
         trl="converted", verl="engine", resumable=True)
+    save_only_model: bool = _f(
+        False,
+        "Checkpoints hold the model (or adapter) and tokenizer only: no optimizer, scheduler or RNG states "
+        "(TRL's / transformers' meaning), a fraction of the size, but training cannot resume from them: resuming "
+        "from one is refused (load it as a model instead). A stop checkpoint (SIGTERM/SIGINT) is always complete.",
+        trl="same", verl="engine", resumable=True,
+    )
     save_total_limit: int | None = _f(2, "Keep only the newest this many checkpoints (None keeps all).",
         trl="same", verl="engine", resumable=True)
     save_dtype: str = _f(
@@ -526,6 +546,49 @@ class GTPOConfig:
     eval_max_new_tokens: int | None = _f(None, "Max new tokens in evaluation; None uses max_completion_length.",
         trl="gtpo_engine", verl="engine", resumable=True, rule=lambda c: c.max_completion_length)
     disable_tqdm: bool = _f(False, "Hide the progress bar.", trl="same", verl="engine", resumable=True)
+
+    # ------------------------------------------------------------------ the Hugging Face Hub (gtpo.run.hub)
+    push_to_hub: bool = _f(
+        False,
+        "Upload the model to the Hugging Face Hub (repository hub_model_id, created at the start if missing): at "
+        "each checkpoint (hub_strategy) and at the end of training (the final model, tokenizer, metrics.jsonl and "
+        "run_config.json), as transformers' Trainer does. Needs network access: refused before the model loads "
+        "when HF_HUB_OFFLINE is set.",
+        trl="same", verl="engine", resumable=True,
+    )
+    hub_model_id: str | None = _f(
+        None,
+        "The repository to push to: 'name' (in your namespace) or 'user_or_org/name'. None: the name of "
+        "output_dir, as transformers does.",
+        trl="same", verl="engine", resumable=True,
+    )
+    hub_strategy: str = _f(
+        "every_save",
+        "What is pushed when: 'every_save' the model at each checkpoint (in the background; a push is skipped "
+        "while the previous one is still uploading unless hub_always_push) and at the end; 'end' only at the "
+        "end; 'checkpoint' as every_save plus the whole newest checkpoint in the repository's last-checkpoint "
+        "folder (to resume from); 'all_checkpoints' as every_save plus every checkpoint in its own folder.",
+        trl="same", verl="engine", resumable=True,
+        choices=HUB_STRATEGIES,
+    )
+    hub_token: str | None = _f(
+        None,
+        "Token with write access to the repository; None: the one saved by `hf auth login` (or HF_TOKEN). Never "
+        "written to run_config.json, checkpoints or trackers (written as <HUB_TOKEN>).",
+        trl="same", verl="engine", resumable=True,
+    )
+    hub_private_repo: bool | None = _f(
+        None,
+        "Create the repository private (true) or public (false); None: public unless your organisation's default "
+        "is private. No effect on a repository that exists.",
+        trl="same", verl="engine", resumable=True,
+    )
+    hub_revision: str | None = _f(None, "The branch to push to (it must exist); None: the default branch.",
+        trl="same", verl="engine", resumable=True)
+    hub_always_push: bool = _f(
+        False, "Push at every checkpoint even while the previous push is still uploading (default: skip it).",
+        trl="same", verl="engine", resumable=True,
+    )
 
     # ------------------------------------------------------------------ helpers
     def __post_init__(self) -> None:
@@ -660,7 +723,12 @@ class GTPOConfig:
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as a dict, ``hub_token`` hidden (``"<HUB_TOKEN>"`` when set, as transformers writes it): what
+        run_config.json, the checkpoints' state and the trackers receive."""
+        values = dataclasses.asdict(self)
+        if values.get("hub_token") is not None:
+            values["hub_token"] = "<HUB_TOKEN>"
+        return values
 
     def replace(self, **changes: Any) -> "GTPOConfig":
         return dataclasses.replace(self, **changes)

@@ -10,6 +10,8 @@ Layout of ``output_dir``::
     checkpoint-<step>/          complete checkpoints (the rename is the commit point)
         model files             save_pretrained of the model (or the peft adapter) + tokenizer
         optimizer.pt scheduler.pt rng_state_<rank>.pth
+                                absent from a checkpoint written with save_only_model (its state says
+                                so: "save_only_model": true), which cannot be resumed
         gtpo_trainer_state.json written last inside the temporary directory (gtpo's own schema, so
                                 not Hugging Face's trainer_state.json name; older checkpoints that
                                 used that name are still read)
@@ -283,6 +285,30 @@ def read_state(checkpoint_dir: str) -> dict[str, Any]:
     return state
 
 
+def refuse_model_only(path: str, state: dict[str, Any]) -> None:
+    """ValueError when the checkpoint ``path`` (its ``state``) was written with ``save_only_model``: it has no
+    optimizer, scheduler or RNG state, so a run cannot resume from it (transformers' Trainer cannot either)."""
+    if not state.get("save_only_model"):
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    full = [p for _s, p in list_checkpoints(parent) if not _model_only(p)]
+    other = (f" The complete checkpoints of {parent}: {', '.join(full)}; resume from one of them with "
+             "resume_from_checkpoint=PATH (--resume_from_checkpoint PATH)." if full else "")
+    raise ValueError(
+        f"cannot resume from {path}: it was written with save_only_model: true, so it holds the model and tokenizer "
+        f"but no optimizer, scheduler or RNG state (transformers' Trainer cannot resume from such a checkpoint "
+        f"either).{other} To train its weights further, start a new run from it as a model (model: {path}); to "
+        "write resumable checkpoints, set save_only_model: false"
+    )
+
+
+def _model_only(path: str) -> bool:
+    try:
+        return bool(read_state(path).get("save_only_model"))
+    except ValueError:
+        return True
+
+
 def load_weights(model, path: str, *, peft: bool) -> None:
     """Load weights saved by ``save_pretrained`` in ``path`` into ``model`` exactly (the adapter only
     for a peft model)."""
@@ -525,6 +551,8 @@ class RunDirectory:
             if path is None:
                 logger.warning("resume_from_checkpoint=True but %s has no complete checkpoint: starting from step 0",
                                self.output_dir)
+            else:
+                refuse_model_only(path, read_state(path))
             return path
         if not isinstance(value, (str, os.PathLike)):
             raise ValueError(f"resume_from_checkpoint must be True, False/None or a checkpoint directory, got {value!r}")
@@ -533,7 +561,7 @@ class RunDirectory:
             newest = latest_checkpoint(self.output_dir)
             hint = f"; the newest complete checkpoint of output_dir is {newest}" if newest else ""
             raise ValueError(f"resume_from_checkpoint: {path!r} is not a directory{hint}")
-        read_state(path)
+        refuse_model_only(path, read_state(path))
         return path
 
     def prepare(self, *, resuming: bool, overwrite: bool) -> None:
@@ -620,8 +648,10 @@ class RunDirectory:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, step: int, *, model, tokenizer, optimizer, scheduler, state: dict[str, Any],
-                        save_total_limit: int | None) -> str:
-        """Write ``checkpoint-<step>`` atomically (collective); returns its path.
+                        save_total_limit: int | None, model_only: bool = False) -> str:
+        """Write ``checkpoint-<step>`` atomically (collective); returns its path. ``model_only`` (``save_only_model``):
+        the model and tokenizer without the optimizer, scheduler and RNG states, marked ``"save_only_model": true``
+        in its state (:meth:`load_checkpoint` and :meth:`resolve_resume` refuse it).
 
         Everything goes into ``.tmp-checkpoint-<step>``, is fsynced, and the directory is renamed to
         ``checkpoint-<step>`` (the commit point). If writing fails on any process (a full disk, a
@@ -656,13 +686,15 @@ class RunDirectory:
                 with no_transformers_progress_bars():
                     model.save_pretrained(tmp, safe_serialization=True)
                 tokenizer.save_pretrained(tmp)
-                torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
-                torch.save(scheduler.state_dict(), os.path.join(tmp, "scheduler.pt"))
-            torch.save(rng_state(), os.path.join(tmp, f"rng_state_{acc.process_index}.pth"))
+                if not model_only:
+                    torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+                    torch.save(scheduler.state_dict(), os.path.join(tmp, "scheduler.pt"))
+            if not model_only:
+                torch.save(rng_state(), os.path.join(tmp, f"rng_state_{acc.process_index}.pth"))
 
         def commit_tmp() -> None:
             if acc.is_main_process:
-                commit(tmp, final, state)
+                commit(tmp, final, {**state, "save_only_model": True} if model_only else state)
 
         stage(make_tmp)
         stage(write_files)
@@ -698,6 +730,7 @@ class RunDirectory:
         trainer state (the caller restores its own counters from it). An unreadable checkpoint raises
         ``ValueError`` naming it and the other complete checkpoints."""
         state = read_state(path)
+        refuse_model_only(path, state)
         rng = os.path.join(path, f"rng_state_{self.acc.process_index}.pth")
         try:
             load_weights(model, path, peft=peft)

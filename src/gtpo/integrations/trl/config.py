@@ -339,7 +339,9 @@ class TRLGTPOConfig(GRPOConfig):
             **trl_precision(c, adapter=adapter, cpu=bool(trl_options.get("use_cpu"))),
             max_steps=c.max_steps * mu, warmup_steps=c.num_warmup_steps(mu),
             report_to=list(c.report_to) or "none",
-            save_strategy="steps" if c.save_steps > 0 else "no", save_steps=max(c.save_steps, 1) * mu,
+            # save_steps 0 under 'steps' is gtpo's "no checkpoints" (transformers needs save_steps > 0 there)
+            save_strategy="no" if c.save_strategy == "steps" and c.save_steps == 0 else c.save_strategy,
+            save_steps=max(c.save_steps, 1) * mu,
             eval_strategy="steps" if c.eval_steps > 0 else "no", eval_steps=max(c.eval_steps, 1) * mu,
         )
         batch_keys = {"per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
