@@ -38,12 +38,31 @@ def _check_runnable(run: RunSpec, config: GTPOConfig, *, source: str, options) -
         raise ConfigError(
             f"{source}: a run needs " + "; ".join(f"{key} (set `{key}:` or pass {hint})" for key, hint in missing)
             + ". Only `gtpo train` without arguments runs the offline demo; `--demo` starts from it")
+    if run.engine == "gtpo":
+        _check_gtpo_engine_switches(config, source=source, options=options)
     if config.use_vllm and run.engine == "gtpo":
-        from ..sampling.vllm_engine import VLLM_INSTALL_HINT, vllm_available
+        from ..sampling.vllm_engine import VLLM_INSTALL_HINT, vllm_available, vllm_server_refusal
 
+        if config.vllm_mode != "colocate":
+            raise ConfigError(vllm_server_refusal(where_of(options, "vllm_mode", source)))
         if not vllm_available():
             raise ConfigError(f"{where_of(options, 'use_vllm', source)}: use_vllm needs vLLM, which is not installed: "
                               f"{VLLM_INSTALL_HINT}")
+
+
+def _check_gtpo_engine_switches(config: GTPOConfig, *, source: str, options) -> None:
+    """gtpo's trainer's refusals of ``tf32`` / ``torch_compile_backend`` on this machine
+    (:func:`gtpo.run.build.check_speed_switches`), before any model loads, naming the option or the file."""
+    import re
+
+    from ..run.build import check_speed_switches
+
+    try:
+        check_speed_switches(config)
+    except ValueError as err:
+        found = re.match(r"GTPOConfig\.(\w+)", str(err))
+        key = found.group(1) if found else "tf32"
+        raise ConfigError(f"{where_of(options, key, source)}: {str(err).removeprefix('GTPOConfig.')}") from None
 
 
 def _quantizes(spec: dict[str, Any]) -> bool:
