@@ -106,10 +106,10 @@ def test_trl_names_map_onto_the_spec(tiny_model_path, tmp_path):
 
 def test_what_does_not_mean_the_same_is_refused_naming_it(tiny_model_path, tmp_path):
     spec = yaml.safe_load(trl_yaml(tmp_path, tiny_model_path).read_text())
-    with pytest.raises(ConfigError, match=r"unknown config field 'vllm_mode'.*it is an option of TRL's GRPOConfig: "
-                                          r"set `engine: trl`"):
-        split_spec({**spec, "vllm_mode": "colocate"}, source="grpo.yaml")
-    split_spec({**spec, "vllm_mode": "colocate", "engine": "trl"}, source="grpo.yaml")  # TRL's engine takes it
+    with pytest.raises(ConfigError, match=r"unknown config field 'vllm_server_host'.*it is an option of TRL's "
+                                          r"GRPOConfig: set `engine: trl`"):
+        split_spec({**spec, "vllm_server_host": "10.0.0.1"}, source="grpo.yaml")
+    split_spec({**spec, "vllm_server_host": "10.0.0.1", "engine": "trl"}, source="grpo.yaml")  # TRL's engine takes it
     with pytest.raises(ConfigError, match=r"num_iterations > 1, TRL's batch fields .* count optimizer updates"):
         split_spec({**spec, "num_iterations": 2}, source="grpo.yaml")
     with pytest.raises(ConfigError, match=r"dataset mixtures \(datasets:\) are not supported"):

@@ -85,6 +85,9 @@ def load_run_inputs(spec: dict[str, Any], *, source: str, options=frozenset()) -
     logging.basicConfig(level=getattr(logging, run.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _check_runnable(run, config, source=source, options=options)
+    from .model_checks import check_model_settings
+
+    check_model_settings(run, config, spec, source=source, options=options)  # before any model loads
     from ..run.trackers import check_trackers
 
     check_trackers(config.report_to, where=where_of(options, "report_to", source))  # both engines, before loading

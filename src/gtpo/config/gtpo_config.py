@@ -441,7 +441,8 @@ class GTPOConfig:
         "scaling). TRL's engine: model_init_kwargs.dtype and bf16. [D]",
         trl="renamed", trl_name="model_init_kwargs.dtype and bf16 (gtpo's dtype rule, docs/gpu.md)", verl="engine",
         rule=lambda c: (c.model_init_kwargs or {}).get("dtype") or ("bfloat16" if c.bf16 else "float32"),
-        choices=RUN_DTYPES,
+        choices=RUN_DTYPES, choices_note="float16 is refused: gtpo's trainer does no loss scaling, so float16 "
+        "gradients underflow; use bfloat16, or TRL's engine (engine: trl), which takes float16 with loss scaling",
     )
     optim: str = _f(
         "adamw_torch_fused",
