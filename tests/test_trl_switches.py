@@ -31,8 +31,9 @@ def missing_model(tmp_path):
 
 # ----------------------------------------------------------------------------- tf32
 @NO_TF32
-def test_tf32_true_is_refused_before_the_model_loads_without_a_tf32_gpu(tmp_path, capsys):
-    path = write_cli_inputs(tmp_path, missing_model(tmp_path), tf32=True)
+@pytest.mark.parametrize("engine", ["gtpo", "trl"])
+def test_tf32_true_is_refused_before_the_model_loads_without_a_tf32_gpu(tmp_path, capsys, engine):
+    path = write_cli_inputs(tmp_path, missing_model(tmp_path), tf32=True, engine=engine)
     code, err = run_cli(path, capsys)
     assert code == 2
     assert f"{path}: tf32: true needs an NVIDIA GPU of the Ampere generation" in err

@@ -38,8 +38,7 @@ def _check_runnable(run: RunSpec, config: GTPOConfig, *, source: str, options) -
         raise ConfigError(
             f"{source}: a run needs " + "; ".join(f"{key} (set `{key}:` or pass {hint})" for key, hint in missing)
             + ". Only `gtpo train` without arguments runs the offline demo; `--demo` starts from it")
-    if run.engine == "gtpo":
-        _check_gtpo_engine_switches(config, source=source, options=options)
+    _check_speed_switches(config, source=source, options=options)
     if config.use_vllm and run.engine == "gtpo":
         from ..sampling.vllm_engine import VLLM_INSTALL_HINT, vllm_available, vllm_server_refusal
 
@@ -50,9 +49,9 @@ def _check_runnable(run: RunSpec, config: GTPOConfig, *, source: str, options) -
                               f"{VLLM_INSTALL_HINT}")
 
 
-def _check_gtpo_engine_switches(config: GTPOConfig, *, source: str, options) -> None:
-    """gtpo's trainer's refusals of ``tf32`` / ``torch_compile_backend`` on this machine
-    (:func:`gtpo.run.build.check_speed_switches`), before any model loads, naming the option or the file."""
+def _check_speed_switches(config: GTPOConfig, *, source: str, options) -> None:
+    """The refusals of ``tf32`` / ``torch_compile_backend`` on this machine (:func:`gtpo.run.build.check_speed_switches`:
+    transformers' on TRL's engine, the same on gtpo's), before any model loads, naming the option or the file."""
     import re
 
     from ..run.build import check_speed_switches
