@@ -108,10 +108,13 @@ class GTPOTrainer:
         if args.use_vllm and args.vllm_enable_sleep_mode and cpu_only():
             raise ValueError("GTPOConfig.vllm_enable_sleep_mode: vLLM has no sleep mode on CPU; set it to false")
         if args.use_vllm:
-            from .sampling.vllm_engine import require_vllm
+            from .sampling.vllm_engine import require_vllm, vllm_server_refusal
 
+            if args.vllm_mode != "colocate":
+                raise ValueError(vllm_server_refusal("GTPOConfig.vllm_mode"))
             require_vllm("GTPOConfig.use_vllm")
         check_trackers(args.report_to, where="GTPOConfig.report_to")  # a missing tracker would log nothing
+        setup.apply_tf32(args)  # before the model loads: tf32 true without a TF32 GPU is refused here
         # bf16 autocast is the policy's own (PolicyForward, sampling): accelerate's mixed precision stays off,
         # whatever the launcher says (a conflicting setting is named in a warning once the dtype is known)
         self.accelerator = acc = setup.accelerator_without_mixed_precision(
@@ -156,7 +159,9 @@ class GTPOTrainer:
         self.steps_per_epoch = max(1, len(self.train_dataset) // args.prompts_per_step)
 
         # optimisation (gtpo.run.build: optim, lr_scheduler_type)
-        self.policy = PolicyForward(base_model, chunk_size=args.logprob_chunk_size, compute_dtype=self.precision.compute)
+        compile_options = setup.compile_options(args)
+        self.policy = PolicyForward(base_model, chunk_size=args.logprob_chunk_size, compute_dtype=self.precision.compute,
+                                    compile=compile_options)
         self.optimizer = setup.build_optimizer([p for p in self.policy.parameters() if p.requires_grad], args,
                                                acc.device)
         self.scheduler = setup.build_scheduler(self.optimizer, args)
@@ -164,7 +169,7 @@ class GTPOTrainer:
         self.ref_policy = None
         if ref_model is not None:
             self.ref_policy = PolicyForward(ref_model.to(acc.device), chunk_size=args.logprob_chunk_size,
-                                            compute_dtype=self.precision.compute)
+                                            compute_dtype=self.precision.compute, compile=compile_options)
         self.loss_fn = POLICY_LOSSES[args.loss_type]
         self.eos_ids = eos_token_ids(self.tokenizer, self.unwrapped_model)
 

@@ -12,6 +12,8 @@
 * :mod:`gtpo.app.common`: a run's inputs and hooks, datasets and LoRA from a spec, the accuracy, summary, report;
 * :mod:`gtpo.app.training`: loading a run's inputs, gtpo's trainer, accuracy before/after, the resume command;
 * :mod:`gtpo.app.trl_run`: the same on TRL's engine (``engine: trl``);
+* :mod:`gtpo.app.model_checks`: the model settings libraries check only when a model loads (LoRA values,
+  quantization, attention implementation, a float16 load), refused before any model loads;
 * :mod:`gtpo.app.sft`: ``gtpo sft``'s job.
 """
 

@@ -41,9 +41,12 @@ def _check_runnable(run: RunSpec, config: GTPOConfig, *, source: str, options) -
             + ". Only `gtpo train` without arguments runs the offline demo; `--demo` starts from it")
     if run.engine == "gtpo":
         _refuse_on_gtpo_engine(config, source=source, options=options)
+    _check_speed_switches(config, source=source, options=options)
     if config.use_vllm and run.engine == "gtpo":
-        from ..sampling.vllm_engine import VLLM_INSTALL_HINT, vllm_available
+        from ..sampling.vllm_engine import VLLM_INSTALL_HINT, vllm_available, vllm_server_refusal
 
+        if config.vllm_mode != "colocate":
+            raise ConfigError(vllm_server_refusal(where_of(options, "vllm_mode", source)))
         if not vllm_available():
             raise ConfigError(f"{where_of(options, 'use_vllm', source)}: use_vllm needs vLLM, which is not installed: "
                               f"{VLLM_INSTALL_HINT}")
@@ -78,6 +81,21 @@ def _refuse_resuming_a_model_only_checkpoint(run: RunSpec, config: GTPOConfig) -
             raise ConfigError(str(err)) from None
 
 
+def _check_speed_switches(config: GTPOConfig, *, source: str, options) -> None:
+    """The refusals of ``tf32`` / ``torch_compile_backend`` on this machine (:func:`gtpo.run.build.check_speed_switches`:
+    transformers' on TRL's engine, the same on gtpo's), before any model loads, naming the option or the file."""
+    import re
+
+    from ..run.build import check_speed_switches
+
+    try:
+        check_speed_switches(config)
+    except ValueError as err:
+        found = re.match(r"GTPOConfig\.(\w+)", str(err))
+        key = found.group(1) if found else "tf32"
+        raise ConfigError(f"{where_of(options, key, source)}: {str(err).removeprefix('GTPOConfig.')}") from None
+
+
 def _quantizes(spec: dict[str, Any]) -> bool:
     """Whether a spec loads a 4-bit/8-bit base (``model_init_kwargs.quantization_config``, TRL's ``load_in_4bit``)."""
     init = spec.get("model_init_kwargs")
@@ -98,6 +116,9 @@ def load_run_inputs(spec: dict[str, Any], *, source: str, options=frozenset()) -
     logging.basicConfig(level=getattr(logging, run.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _check_runnable(run, config, source=source, options=options)
+    from .model_checks import check_model_settings
+
+    check_model_settings(run, config, spec, source=source, options=options)  # before any model loads
     from ..run.trackers import check_trackers
 
     check_trackers(config.report_to, where=where_of(options, "report_to", source))  # both engines, before loading

@@ -25,7 +25,7 @@ from ..errors import ConfigError
 
 logger = logging.getLogger("gtpo")
 
-__all__ = ["TRL_MODEL_KEYS", "TRL_SCRIPT_KEYS", "TRL_SPEC_KEYS", "apply_trl_names"]
+__all__ = ["TRL_LORA_NAMES", "TRL_MODEL_KEYS", "TRL_SCRIPT_KEYS", "TRL_SPEC_KEYS", "apply_trl_names"]
 
 #: TRL's script arguments (``trl grpo``) this module maps
 TRL_SCRIPT_KEYS = ("dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_streaming",
@@ -67,6 +67,8 @@ TRL_MAPPED_TO = {
 _LORA = {"lora_r": "r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout",
          "lora_target_modules": "target_modules", "lora_modules_to_save": "modules_to_save", "use_rslora": "use_rslora",
          "use_dora": "use_dora"}
+#: the peft setting of each of TRL's LoRA keys, reversed: peft's name -> TRL's (errors name the key the YAML used)
+TRL_LORA_NAMES = {peft_key: trl_key for trl_key, peft_key in _LORA.items()}
 
 
 def apply_trl_names(spec: dict[str, Any], *, engine: str, where: Callable[[str], str]) -> dict[str, Any]:
@@ -115,6 +117,8 @@ def _model_init(spec: dict[str, Any], take, engine: str) -> None:
     """``model_revision``, ``attn_implementation`` (and on gtpo's engine ``trust_remote_code``: a GRPOConfig field on
     TRL's), ``load_in_4bit`` / ``load_in_8bit`` and ``bnb_*`` -> ``model_init_kwargs`` as TRL's scripts build it."""
     init = dict(spec.get("model_init_kwargs") or {})
+    if engine == "trl" and spec.get("dtype") == "float16":  # TRL's ModelConfig.dtype: the dtype the model loads in
+        init.setdefault("dtype", take("dtype"))
     for trl_key, key in (("model_revision", "revision"), ("attn_implementation", "attn_implementation")):
         value = take(trl_key)
         if value is not None:

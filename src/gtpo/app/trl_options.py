@@ -49,8 +49,6 @@ NO_EFFECT: dict[str, str] = {
     "dataloader_drop_last": "TRL's sampler drops an incomplete last batch whatever this says, and so does gtpo's "
                             "epoch count",
     "dataloader_in_order": _NO_LOADER,
-    "remove_unused_columns": "every dataset column reaches the reward functions as keyword arguments, as with TRL's "
-                             "default (false)",
     "do_train": "a flag for the HF example scripts; the HF Trainer does not read it either",
     "do_eval": "a flag for the HF example scripts; evaluation runs by eval_strategy",
     "do_predict": "a flag for the HF example scripts; the HF Trainer does not read it either",
@@ -77,6 +75,8 @@ ACCEPTED_VALUES: dict[str, tuple[Any, str]] = {
     "shuffle_dataset": (True, "gtpo's trainer always shuffles the prompts (a seeded permutation per epoch)"),
     "multi_objective_aggregation": ("sum_then_normalize", "gtpo sums the weighted rewards, then computes group "
                                                           "advantages"),
+    "remove_unused_columns": (False, "every dataset column reaches the reward functions as keyword arguments, as "
+                                     "with TRL's default"),
     "logging_strategy": ("steps", "gtpo's trainer logs every logging_steps steps"),
     "log_level_replica": ("warning", "gtpo's trainer logs from the main process only"),
 }
@@ -137,6 +137,8 @@ CONVERTED_NOTES: dict[str, str] = {
     "report_to": "none, tensorboard, wandb, trackio (a string or a list)",
     "save_steps": "counted in rollout steps on gtpo's engine (optimizer steps on TRL's): equal with num_iterations: 1",
     "eval_steps": "counted like save_steps; 0 with eval_strategy no",
+    "save_strategy": "no, steps, epoch as TRL; steps with save_steps: 0 is no; best only on TRL's engine (gtpo's "
+                     "trainer does not rank checkpoints by a metric)",
 }
 
 

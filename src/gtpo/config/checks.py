@@ -178,6 +178,7 @@ def check_values(config: Any) -> None:
     ):
         raise ValueError(f"GTPOConfig.reward_weights must be a list of finite numbers, got {config.reward_weights!r}")
     _check_model_init_kwargs(config.model_init_kwargs)
+    _check_checkpointing_kwargs(config.gradient_checkpointing_kwargs)
     check_precision(config)
     if not config.eval_k or any((not isinstance(k, int)) or k < 1 for k in config.eval_k):
         raise ValueError(f"GTPOConfig.eval_k must be a non-empty list of integers >= 1, got {config.eval_k!r}")
@@ -276,3 +277,21 @@ def _check_model_init_kwargs(kwargs: Any) -> None:
     if quant is not None and not isinstance(quant, dict):
         raise ValueError("GTPOConfig.model_init_kwargs.quantization_config must be a mapping of BitsAndBytesConfig "
                          f"fields (e.g. {{load_in_4bit: true, bnb_4bit_quant_type: nf4}}), got {quant!r}")
+
+
+def _check_checkpointing_kwargs(kwargs: Any) -> None:
+    """``gradient_checkpointing_kwargs``: None or a mapping of keyword names; ``every_n_layers`` an integer >= 1,
+    ``offload`` and ``use_reentrant`` true or false (the other keys are torch.utils.checkpoint's, which checks them)."""
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ValueError("GTPOConfig.gradient_checkpointing_kwargs must be a mapping of keyword arguments (e.g. "
+                         f"{{use_reentrant: false}}), got {kwargs!r}")
+    every = kwargs.get("every_n_layers", 1)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"GTPOConfig.gradient_checkpointing_kwargs.every_n_layers must be an integer >= 1, got "
+                         f"{every!r}")
+    for key in ("offload", "use_reentrant", "preserve_rng_state"):
+        if key in kwargs and not isinstance(kwargs[key], bool):
+            raise ValueError(f"GTPOConfig.gradient_checkpointing_kwargs.{key} must be true or false, got "
+                             f"{kwargs[key]!r}")

@@ -34,6 +34,10 @@ SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
 HUB_STRATEGIES = ("every_save", "end", "checkpoint", "all_checkpoints")
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adamw_8bit", "paged_adamw_8bit")
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+#: TRL's vllm_mode values (gtpo's trainer runs "colocate"; "server" is TRL's engine's)
+VLLM_MODES = ("colocate", "server")
+#: torch.compile's modes (torch_compile_mode)
+TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 #: gamma, GTPO's entropy-shaping coefficient [P][C]: the default of loss_type gtpo and of the official / paper presets
 GTPO_GAMMA = 0.1
 

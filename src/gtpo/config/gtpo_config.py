@@ -17,8 +17,8 @@ from .presets import PRESETS as _PRESETS, apply_preset as _apply_preset, preset_
 from .checks import check, settle
 from .declarations import (_FACTS, AGGREGATIONS, COMPLETION_REDUCTIONS, COMPLETION_SIGNS, CONFLICT_COMBINE, CONFLICT_COUNT,
                            DEFAULT_AGGREGATION, ENTROPY_RULES, FILTER_SCOPES, GAMMA_GROUPS, GTPO_GAMMA, HUB_STRATEGIES, LOSS_TYPES,
-                           OPTIMIZERS, REPORT_TARGETS, RUN_DTYPES, SAVE_DTYPES, SAVE_STRATEGIES, SCALE_REWARDS, VLLM_DTYPES,
-                           VLLM_IS_MODES,
+                           OPTIMIZERS, REPORT_TARGETS, RUN_DTYPES, SAVE_DTYPES, SAVE_STRATEGIES, SCALE_REWARDS,
+                           TORCH_COMPILE_MODES, VLLM_DTYPES, VLLM_IS_MODES, VLLM_MODES,
                            _f)
 
 
@@ -296,6 +296,16 @@ class GTPOConfig:
         "TRL: use_vllm.",
         trl="when_set", verl="engine",
     )
+    vllm_mode: str = _f(
+        "colocate",
+        "How vLLM runs beside the trainer when use_vllm is true (TRL's vllm_mode): 'colocate', an engine in the "
+        "trainer's process sharing its GPU, which is what gtpo's trainer does; 'server', a separate `trl vllm-serve` "
+        "process the trainer sends its prompts and new weights to, which only TRL's engine does (engine: trl, with "
+        "vllm_server_host / vllm_server_port): refused on gtpo's trainer. No effect without use_vllm, as in TRL. "
+        "TRL's engine: passed as it is.",
+        trl="same", verl="engine",
+        choices=VLLM_MODES,
+    )
     vllm_gpu_memory_utilization: float = _f(
         0.3,
         "GPU: fraction of the GPU's memory the colocated engine may take for its weights, activations and KV cache "
@@ -449,7 +459,8 @@ class GTPOConfig:
         "scaling). TRL's engine: model_init_kwargs.dtype and bf16. [D]",
         trl="renamed", trl_name="model_init_kwargs.dtype and bf16 (gtpo's dtype rule, docs/gpu.md)", verl="engine",
         rule=lambda c: (c.model_init_kwargs or {}).get("dtype") or ("bfloat16" if c.bf16 else "float32"),
-        choices=RUN_DTYPES,
+        choices=RUN_DTYPES, choices_note="float16 is refused: gtpo's trainer does no loss scaling, so float16 "
+        "gradients underflow; use bfloat16, or TRL's engine (engine: trl), which takes float16 with loss scaling",
     )
     optim: str = _f(
         "adamw_torch_fused",
@@ -464,6 +475,49 @@ class GTPOConfig:
     )
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass to save memory.",
         trl="same", verl="engine")
+    gradient_checkpointing_kwargs: dict[str, Any] | None = _f(
+        None,
+        "Keyword arguments of gradient checkpointing (with gradient_checkpointing: true), as TRL and transformers "
+        "take them: 'every_n_layers' (checkpoint only every n-th decoder layer) and 'offload' (hold the saved "
+        "activations in pinned host memory) go to the model's activation_checkpointing_enable, every other key to "
+        "torch.utils.checkpoint.checkpoint, e.g. {use_reentrant: false} (the default here, as TRL's GRPOTrainer "
+        "sets it; use_reentrant: true is the older reentrant implementation). TRL's engine: passed as it is.",
+        trl="same", verl="engine",
+    )
+    tf32: bool | None = _f(
+        None,
+        "TensorFloat-32 matmuls and convolutions on NVIDIA GPUs of the Ampere generation or newer (TRL's and "
+        "transformers' tf32): true turns them on for float32 matmuls (inputs rounded to a 10-bit mantissa, float32 "
+        "accumulation; up to 8x faster), false turns them off, None leaves PyTorch's setting. It does not change "
+        "bfloat16 matmuls. true needs a CUDA GPU of compute capability >= 8.0: elsewhere (a CPU) it is refused "
+        "before the model loads, as transformers refuses it. TRL's engine: passed as it is.",
+        trl="same", verl="engine",
+    )
+    torch_compile: bool = _f(
+        False,
+        "Compile the training forward with torch.compile (TRL's and transformers' torch_compile): on gtpo's trainer "
+        "the policy's log-prob forward (decoder and chunked LM head: the training step, the old and reference "
+        "log-probs); sampling (the decode loop, vLLM) stays uncompiled. Setting torch_compile_backend or "
+        "torch_compile_mode turns it on, as in transformers. The first steps are slower (compilation, and one "
+        "recompilation when the sequence length first changes; shapes are dynamic from then on). The default "
+        "backend, inductor, needs a C++ compiler on CPU and Triton on GPU. TRL's engine: passed as it is "
+        "(transformers compiles the whole model).",
+        trl="same", verl="engine", resumable=True,
+    )
+    torch_compile_backend: str | None = _f(
+        None,
+        "Backend of torch.compile (torch._dynamo.list_backends(): 'inductor', the default, 'aot_eager', "
+        "'cudagraphs', ...); setting it turns torch_compile on. An unknown backend is refused before the model loads. "
+        "TRL's engine: passed as it is.",
+        trl="same", verl="engine", resumable=True,
+    )
+    torch_compile_mode: str | None = _f(
+        None,
+        "Mode of torch.compile: 'default', 'reduce-overhead' (CUDA graphs), 'max-autotune' or "
+        "'max-autotune-no-cudagraphs'; setting it turns torch_compile on. TRL's engine: passed as it is.",
+        trl="same", verl="engine", resumable=True,
+        choices=TORCH_COMPILE_MODES, choices_note="torch.compile's modes",
+    )
     log_policy_change: bool = _f(
         False,
         "Log how far each step moved the policy: update_norm (||theta_new - theta_old|| over the trainable "
@@ -662,6 +716,13 @@ class GTPOConfig:
         :func:`gtpo.run.build.resolve_dtype`): ``dtype``, else ``model_init_kwargs.dtype``, else ``"bfloat16"``
         with ``bf16``, else ``"float32"`` (``dtype``'s rule)."""
         return resolved(self, "dtype")
+
+    @property
+    def compiles(self) -> bool:
+        """Whether the training forward is compiled: ``torch_compile``, or ``torch_compile_backend`` /
+        ``torch_compile_mode`` set (either turns it on, as in transformers)."""
+        return bool(self.torch_compile or self.torch_compile_backend is not None
+                    or self.torch_compile_mode is not None)
 
     @property
     def resolved_vllm_max_model_length(self) -> int:

@@ -1,6 +1,6 @@
 """Setting up a run of gtpo's trainer, one part per function: the accelerate setups it supports (``cpu_only``,
 ``check_distributed_type``), the precision, the policy model (loading, quantization, gradient checkpointing, PEFT),
-the reference model, the optimizer and the scheduler.
+the reference model, the optimizer and the scheduler, and the speed switches (``tf32``, ``torch_compile``).
 
 :class:`gtpo.trainer.GTPOTrainer` calls them in this order; each can be read and tested alone
 (``tests/test_setup.py``). They implement the dtype and device contract of ``docs/gpu.md``:
@@ -35,8 +35,10 @@ from torch import nn
 
 from ..config import GTPOConfig
 
-__all__ = ["AVX512_BF16_FLAG", "FAST_BF16_CPU_FLAGS", "Precision", "build_optimizer", "build_reference_model",
-           "build_scheduler", "add_adapter", "check_distributed_type", "check_quantized_placement", "cpu_only",
+__all__ = ["AVX512_BF16_FLAG", "FAST_BF16_CPU_FLAGS", "Precision", "apply_tf32", "build_optimizer",
+           "build_reference_model", "build_scheduler", "add_adapter", "check_distributed_type",
+           "check_quantized_placement", "check_speed_switches", "checkpointing_kwargs", "compile_options", "cpu_only",
+           "enable_checkpointing", "tf32_available",
            "cpu_flags", "cpu_vendor", "has_native_bf16", "is_quantized", "load_policy_model", "policy_load_kwargs",
            "precision_for", "prepare_quantized_base", "prepare_tokenizer", "requested_dtype", "resolve_dtype",
            "run_precision", "vllm_dtype_name"]
@@ -339,7 +341,8 @@ def load_policy_model(model: str | nn.Module, args: GTPOConfig, *, peft_config, 
     ``model``: a name or path (loaded with :func:`policy_load_kwargs`) or a loaded ``PreTrainedModel``
     (its weights cast to the precision's ``load`` dtype; a quantized one must already be on ``device``:
     :func:`check_quantized_placement`). A quantized base needs ``peft_config`` and is prepared with
-    :func:`prepare_quantized_base`; then gradient checkpointing (``use_reentrant=False``) and the
+    :func:`prepare_quantized_base`; then gradient checkpointing (``gradient_checkpointing_kwargs``:
+    :func:`enable_checkpointing`) and the
     adapter (``get_peft_model``), whose trainable parameters are float32.
     """
     from transformers import PreTrainedModel
@@ -362,13 +365,88 @@ def load_policy_model(model: str | nn.Module, args: GTPOConfig, *, peft_config, 
                              "adapter can be trained on it; give a peft config (peft: {r: ...} in the YAML)")
         base = prepare_quantized_base(base, precision)
     if args.gradient_checkpointing:
-        if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5 (the old name warns there)
-            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(base, args.gradient_checkpointing_kwargs)
         if peft_config is not None and hasattr(base, "enable_input_require_grads"):
             base.enable_input_require_grads()
     return base
+
+
+def checkpointing_kwargs(kwargs: dict | None) -> tuple[dict[str, Any], int, bool]:
+    """``(checkpoint kwargs, every_n_layers, offload)`` of ``gradient_checkpointing_kwargs`` as transformers' Trainer
+    splits them (``every_n_layers`` and ``offload`` are ``activation_checkpointing_enable``'s, the rest
+    ``torch.utils.checkpoint.checkpoint``'s), with ``use_reentrant`` False unless given, as TRL's GRPOTrainer sets it."""
+    rest = dict(kwargs or {})
+    every_n_layers = rest.pop("every_n_layers", 1)
+    offload = rest.pop("offload", False)
+    rest.setdefault("use_reentrant", False)
+    return rest, every_n_layers, offload
+
+
+def enable_checkpointing(model: nn.Module, kwargs: dict | None) -> None:
+    """Gradient checkpointing on ``model`` with ``gradient_checkpointing_kwargs`` (:func:`checkpointing_kwargs`):
+    ``activation_checkpointing_enable`` (transformers >= 5), else the older ``gradient_checkpointing_enable``."""
+    checkpoint_kwargs, every_n_layers, offload = checkpointing_kwargs(kwargs)
+    extra = {} if (every_n_layers, offload) == (1, False) else {"every_n_layers": every_n_layers, "offload": offload}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 (the old name warns there)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=checkpoint_kwargs, **extra)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs, **extra)
+
+
+# ----------------------------------------------------------------------------- speed switches (tf32, torch.compile)
+def tf32_available() -> bool:
+    """Whether this machine has TF32 matmuls: a CUDA GPU of compute capability >= 8.0 (transformers'
+    ``is_torch_tf32_available``, the test ``TrainingArguments(tf32=...)`` makes)."""
+    from transformers.utils import is_torch_tf32_available
+
+    return bool(is_torch_tf32_available())
+
+
+def check_speed_switches(args: GTPOConfig, *, tf32_ok: bool | None = None) -> None:
+    """Refuse, before any model loads, what this machine cannot do of ``tf32`` / ``torch_compile*``: ``tf32: true``
+    without a TF32 GPU (``tf32_ok``, default :func:`tf32_available`; transformers' TrainingArguments refuses it the
+    same way) and a ``torch_compile_backend`` torch does not have. ValueError starting ``GTPOConfig.<field>``."""
+    if args.tf32 and not (tf32_available() if tf32_ok is None else tf32_ok):
+        raise ValueError("GTPOConfig.tf32: true needs an NVIDIA GPU of the Ampere generation or newer (compute "
+                         "capability >= 8.0) with CUDA, and this machine has none (transformers refuses --tf32 the "
+                         "same way): remove tf32 or set it to false / null; TF32 does not apply to CPU matmuls")
+    if args.compiles and args.torch_compile_backend is not None:
+        import torch._dynamo
+
+        known = torch._dynamo.list_backends(exclude_tags=())
+        if args.torch_compile_backend not in known:
+            raise ValueError(f"GTPOConfig.torch_compile_backend: unknown backend {args.torch_compile_backend!r}; "
+                             f"torch {torch.__version__} has {sorted(known)} (default: inductor)")
+
+
+def compile_options(args: GTPOConfig) -> dict[str, Any] | None:
+    """``torch.compile``'s keyword arguments for the training forward (:class:`gtpo.sampling.policy.PolicyForward`)
+    when the run compiles (:attr:`GTPOConfig.compiles`): ``backend`` (``torch_compile_backend``, default
+    ``"inductor"`` as in transformers) and ``mode`` (``torch_compile_mode``); None: eager."""
+    if not args.compiles:
+        return None
+    return {"backend": args.torch_compile_backend or "inductor", "mode": args.torch_compile_mode}
+
+
+def apply_tf32(args: GTPOConfig, *, tf32_ok: bool | None = None) -> bool | None:
+    """TF32 as transformers' TrainingArguments sets it: with ``tf32`` true/false where the machine has TF32
+    (``tf32_ok``, default :func:`tf32_available`) it is turned on/off (``torch.backends.fp32_precision`` on torch >=
+    2.9, else the cuda matmul / cudnn ``allow_tf32`` flags); ``torch_compile`` with ``tf32`` None turns it on (as
+    transformers does to speed compiled kernels). Returns the value set, or None when nothing was changed (no TF32
+    hardware, or ``tf32`` None without compilation). ``tf32: true`` without TF32 is refused
+    (:func:`check_speed_switches`)."""
+    check_speed_switches(args, tf32_ok=tf32_ok)
+    if not (tf32_available() if tf32_ok is None else tf32_ok):
+        return None
+    enable = args.tf32 if args.tf32 is not None else (True if args.compiles else None)
+    if enable is None:
+        return None
+    if hasattr(torch.backends, "fp32_precision"):  # torch >= 2.9 (transformers' enable_tf32)
+        torch.backends.fp32_precision = "tf32" if enable else "ieee"
+    else:  # pragma: no cover - torch < 2.9
+        torch.backends.cuda.matmul.allow_tf32 = enable
+        torch.backends.cudnn.allow_tf32 = enable
+    return enable
 
 
 def add_adapter(base: nn.Module, peft_config, precision: Precision) -> nn.Module:

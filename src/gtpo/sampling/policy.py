@@ -8,6 +8,8 @@ the ``(N, T, V)`` logits never exist at once.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -88,13 +90,21 @@ class PolicyForward(nn.Module):
     and entropies stay float32); None or float32: the model's own dtypes, no autocast. A quantized
     base's ``is_loaded_in_4bit`` / ``is_loaded_in_8bit`` / ``hf_device_map`` are exposed, so that
     accelerate checks the placement of a 4-bit base instead of moving it with ``.to``.
+
+    ``compile``: ``torch.compile`` keyword arguments (``backend``, ``mode``: ``torch_compile``) to compile this
+    forward with (the decoder and the chunked head, not the model's own ``forward``, so sampling with the same model
+    stays eager); None runs it eagerly. Shapes are dynamic (``dynamic=None``: recompiled once dynamic when a length
+    first changes).
     """
 
-    def __init__(self, model: nn.Module, *, chunk_size: int | None = None, compute_dtype: torch.dtype | None = None):
+    def __init__(self, model: nn.Module, *, chunk_size: int | None = None, compute_dtype: torch.dtype | None = None,
+                 compile: dict[str, Any] | None = None):
         super().__init__()
         self.model = model
         self.chunk_size = chunk_size
         self.compute_dtype = None if compute_dtype in (None, torch.float32) else compute_dtype
+        #: the forward's body compiled with ``compile``'s options (a function, not a submodule), or None: eager
+        self._compiled = torch.compile(self._forward, **compile) if compile is not None else None
         base = unwrap_peft(model)
         for name in ("is_loaded_in_4bit", "is_loaded_in_8bit"):
             if getattr(base, name, False):
@@ -111,10 +121,11 @@ class PolicyForward(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``input_ids (N, S+T)``, ``attention_mask (N, S+T)``, ``completion_ids (N, T)`` ->
         ``logp (N, T)`` (with grad) and ``entropy (N, T)`` (no grad), float32 for half-precision models."""
+        body = self._forward if self._compiled is None else self._compiled
         if self.compute_dtype is None:
-            return self._forward(input_ids, attention_mask, completion_ids, temperature)
+            return body(input_ids, attention_mask, completion_ids, temperature)
         with torch.autocast(device_type=input_ids.device.type, dtype=self.compute_dtype):
-            return self._forward(input_ids, attention_mask, completion_ids, temperature)
+            return body(input_ids, attention_mask, completion_ids, temperature)
 
     def _forward(self, input_ids, attention_mask, completion_ids, temperature):
         base = unwrap_peft(self.model)

@@ -27,6 +27,7 @@ from torch import nn
 __all__ = ["cache_kwarg", "plain_dynamic_cache", "prompt_groups", "sharing_is_exact", "shared_prompt_cache"]
 
 
+@torch.compiler.assume_constant_result  # torch.compile (torch_compile) takes its value, not its lru_cache
 @functools.lru_cache(maxsize=None)
 def cache_kwarg() -> str:
     """Name of the cache argument of transformers models: ``"cache"`` (transformers >= 5.2x,

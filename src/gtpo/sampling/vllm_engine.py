@@ -111,6 +111,16 @@ def require_vllm(what: str = "use_vllm") -> None:
     check_vllm_version(installed_vllm_version(), what)
 
 
+def vllm_server_refusal(where: str) -> str:
+    """Why ``vllm_mode: server`` is refused on gtpo's trainer, and what to do (``where``: the field, option or file)."""
+    return (f"{where}: vllm_mode 'server' (a separate `trl vllm-serve` process that the trainer sends prompts and "
+            "new weights to) is TRL's engine's: gtpo's trainer runs vLLM in its own process (colocated) and copies "
+            "the policy's weights into it directly; it has no client for a server's weight-transfer endpoints. Set "
+            "vllm_mode: colocate (or leave it out) to sample with vLLM inside gtpo's trainer, or train with TRL's "
+            "engine (engine: trl, --engine trl), which takes vllm_mode: server with vllm_server_host and "
+            "vllm_server_port")
+
+
 # ----------------------------------------------------------------------------------------- weights
 def _lora_merged_weight(module, rounding: MergeRounding | None = None) -> torch.Tensor:
     """``W + sum_a delta_a`` of a peft LoRA layer (:func:`gtpo.sampling.lora_merge.lora_merged_weight`), its
