@@ -71,7 +71,7 @@ def test_typo_in_a_run_key_names_the_key_and_the_file(tmp_path, capsys):
     ("peft", 16, "peft must be a mapping of settings, true (defaults) or null, got 16"),
     ("probes", {"p": ["only a prefix"]}, "probes must be a mapping {name: [prefix, target]} of strings"),
     ("resume_from_checkpoint", 3, "resume_from_checkpoint must be true, false or a checkpoint path, got 3"),
-    ("log_level", "loud", "log_level must be one of ['debug', 'info', 'warning', 'error', 'critical'], got 'loud'"),
+    ("log_level", "loud", "log_level must be one of ['debug', 'info', 'warning', 'error', 'critical', 'passive'], got 'loud'"),
     ("engine", "verl", "engine must be one of ['gtpo', 'trl'], got 'verl'"),
 ])
 def test_a_wrong_type_names_the_key_and_the_file(key, value, expected):
