@@ -28,9 +28,9 @@ def files(path):
 # write_cli_inputs: 4 prompts, prompts_per_step 2 -> an epoch is 2 steps
 @pytest.mark.parametrize("fields, expected", [
     ({"save_strategy": "steps", "save_steps": 1, "save_total_limit": None}, [1, 2, 3]),
-    ({"save_strategy": "steps", "save_steps": 2, "save_total_limit": None}, [2]),
+    ({"save_strategy": "steps", "save_steps": 2, "save_total_limit": None}, [2, 3]),  # and the last, as TRL
     ({"save_strategy": "steps", "save_steps": 1, "save_total_limit": 2}, [2, 3]),   # the limit still holds
-    ({"save_strategy": "epoch", "save_steps": 1, "save_total_limit": None}, [2]),   # save_steps is not read
+    ({"save_strategy": "epoch", "save_steps": 1, "save_total_limit": None}, [2, 3]),  # save_steps is not read
     ({"save_strategy": "no", "save_steps": 1, "save_total_limit": None}, []),
 ], ids=["steps-1", "steps-2", "steps-limit-2", "epoch", "no"])
 def test_save_strategy_decides_which_checkpoints_a_run_writes(tiny_model_path, tmp_path, fields, expected):
@@ -44,7 +44,8 @@ def test_save_strategy_decides_which_checkpoints_a_run_writes(tiny_model_path, t
 
 
 def test_epoch_checkpoints_follow_the_epoch_length(tiny_model_path, tmp_path):
-    """6 prompts, 2 a step: an epoch is 3 steps (an incomplete last batch makes no step, as in TRL)."""
+    """7 prompts, 2 a step: an epoch is 3 steps (an incomplete last batch makes no step, as in TRL); the last step
+    is saved too."""
     cfg = tiny_config(tmp_path, max_steps=4, save_strategy="epoch", save_total_limit=None, entropy_filter=False)
     trainer = GTPOTrainer(tiny_model_path, [digit_reward], rows(7), args=cfg)
     assert trainer.steps_per_epoch == 3
@@ -124,15 +125,15 @@ def test_a_stop_checkpoint_is_complete_under_save_only_model(tiny_model_path, tm
 @pytest.mark.parametrize("fields", [{"save_strategy": "epoch"}, {"save_strategy": "steps", "save_steps": 2}],
                          ids=["epoch", "steps-2"])
 def test_the_same_yaml_checkpoints_the_same_steps_on_both_engines(tiny_model_path, tmp_path, fields):
-    """4 prompts, 2 a step: TRL's epoch is gtpo's (2 steps). (Transformers also writes a checkpoint at the last step
-    when it is not a save step; gtpo's engine writes the final model there: max_steps 4 is one of both here.)"""
+    """4 prompts, 2 a step: TRL's epoch is gtpo's (2 steps); both also write a checkpoint at the last step when it
+    is not a save step (max_steps 5: transformers' rule)."""
     pytest.importorskip("trl")
     found = {}
     for engine in ("gtpo", "trl"):
         (tmp_path / engine).mkdir()
-        path = write_cli_inputs(tmp_path / engine, tiny_model_path, max_steps=4, save_total_limit=None,
+        path = write_cli_inputs(tmp_path / engine, tiny_model_path, max_steps=5, save_total_limit=None,
                                 log_completions_steps=0, engine=engine, **fields)
         assert main(["train", "--config", path]) == 0
         out = tmp_path / engine / "out"
         found[engine] = sorted(int(n.split("-")[1]) for n in os.listdir(out) if n.startswith("checkpoint-"))
-    assert found == {"gtpo": [2, 4], "trl": [2, 4]}
+    assert found == {"gtpo": [2, 4, 5], "trl": [2, 4, 5]}

@@ -615,13 +615,14 @@ class GTPOTrainer:
 
     def saves_at(self, step: int) -> bool:
         """Whether ``save_strategy`` writes a checkpoint after ``step``: 'steps' every ``save_steps`` steps (0: never),
-        'epoch' at the end of each epoch (every :attr:`steps_per_epoch` steps), 'no' never (the final model and a
-        stop checkpoint are written whatever it says)."""
+        'epoch' at the end of each epoch (every :attr:`steps_per_epoch` steps), both also after the last step (as
+        transformers' Trainer does), 'no' never (the final model and a stop checkpoint are written whatever it
+        says)."""
         a = self.args
         if a.save_strategy == "steps":
-            return bool(a.save_steps) and step % a.save_steps == 0
+            return bool(a.save_steps) and (step % a.save_steps == 0 or step == a.max_steps)
         if a.save_strategy == "epoch":
-            return step % self.steps_per_epoch == 0
+            return step % self.steps_per_epoch == 0 or step == a.max_steps
         return False
 
     def _create_hub_repo(self) -> None:
