@@ -145,16 +145,25 @@ class GTPOTrainer:
         self.eval_dataset = None if eval_dataset is None else as_dataset(eval_dataset, "eval_dataset")
         self.eval_reward_func = eval_reward_func
         self.probe_texts = probe_texts or {}
-        self.sampler = PromptSampler(len(self.train_dataset), args.seed)
         #: rollout steps in one pass over the training prompts (TRL's epoch: the prompts of a step are
         #: prompts_per_step whole groups, an incomplete last batch does not make a step)
         self.steps_per_epoch = max(1, len(self.train_dataset) // args.prompts_per_step)
+        epochs = args.max_steps < 0  # num_train_epochs decides: an epoch drops its incomplete tail, as TRL's
+        if epochs and len(self.train_dataset) < args.prompts_per_step:
+            raise ValueError(f"GTPOConfig.max_steps=-1 trains num_train_epochs epochs, but the training set has "
+                             f"{len(self.train_dataset)} prompts, fewer than one step's prompts_per_step "
+                             f"({args.prompts_per_step}): an epoch would have no step. Lower prompts_per_step or set "
+                             "max_steps")
+        self.sampler = PromptSampler(len(self.train_dataset), args.seed,
+                                     batch_size=args.prompts_per_step if epochs else None)
+        #: the steps this run trains (``max_steps``, or with -1 ``ceil(num_train_epochs * steps_per_epoch)``)
+        self.max_steps = args.total_steps(self.steps_per_epoch)
 
         # optimisation (gtpo.run.build: optim, lr_scheduler_type)
         self.policy = PolicyForward(base_model, chunk_size=args.logprob_chunk_size, compute_dtype=self.precision.compute)
         self.optimizer = setup.build_optimizer([p for p in self.policy.parameters() if p.requires_grad], args,
                                                acc.device)
-        self.scheduler = setup.build_scheduler(self.optimizer, args)
+        self.scheduler = setup.build_scheduler(self.optimizer, args, num_training_steps=self.max_steps)
         self.policy, self.optimizer = acc.prepare(self.policy, self.optimizer)
         self.ref_policy = None
         if ref_model is not None:
@@ -516,7 +525,8 @@ class GTPOTrainer:
 
     # ================================================================== the loop
     def train(self, resume_from_checkpoint: str | bool | None = None) -> dict[str, float]:
-        """Run until ``max_steps`` (or a stop signal); returns the last step's metrics.
+        """Run until ``self.max_steps`` (``max_steps``, or ``num_train_epochs`` epochs with -1) or a stop signal;
+        returns the last step's metrics.
 
         Fault tolerance (docs/fault-tolerance.md): checkpoints are atomic, resume is exact;
         SIGTERM/SIGINT finish the current step, save a checkpoint and return with
@@ -543,14 +553,14 @@ class GTPOTrainer:
         if a.report_to:
             start_trackers(acc, a.run_name or os.path.basename(os.path.abspath(a.output_dir)), a.to_dict())
         previous = install_stop_handlers(self._on_stop_signal)
-        bar = tqdm(total=a.max_steps, initial=self.global_step, disable=a.disable_tqdm or not acc.is_main_process,
+        bar = tqdm(total=self.max_steps, initial=self.global_step, disable=a.disable_tqdm or not acc.is_main_process,
                    desc=f"{a.loss_type} training", dynamic_ncols=True)
         metrics: dict[str, float] = {}
         last_saved = self.global_step if resume is not None else -1
         try:
             if self.probe_texts and self.global_step == 0 and acc.is_main_process:
                 run_dir.append("metrics.jsonl", {"step": 0, **self._probe()})
-            while self.global_step < a.max_steps:
+            while self.global_step < self.max_steps:
                 metrics = self.step()
                 give_up = self.consecutive_skips >= a.max_consecutive_skips
                 if not give_up:
@@ -575,7 +585,7 @@ class GTPOTrainer:
                 if a.save_steps and self.global_step % a.save_steps == 0:
                     self.save_checkpoint()
                     last_saved = self.global_step
-                if self.global_step < a.max_steps and stop_requested(self._stop_signal is not None, acc):
+                if self.global_step < self.max_steps and stop_requested(self._stop_signal is not None, acc):
                     if last_saved != self.global_step:
                         self.save_checkpoint()
                     self.stopped_early = os.path.join(a.output_dir, f"checkpoint-{self.global_step}")
@@ -583,7 +593,7 @@ class GTPOTrainer:
                                        else "a signal to another process")
                     logger.warning("stopped by %s after step %d of %d; checkpoint saved in %s. Resume with "
                                    "resume_from_checkpoint=True (gtpo train ... --resume_from_checkpoint true)",
-                                   self.stopped_by, self.global_step, a.max_steps, self.stopped_early)
+                                   self.stopped_by, self.global_step, self.max_steps, self.stopped_early)
                     return metrics
             self.save_model()
         finally:

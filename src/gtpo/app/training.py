@@ -135,7 +135,8 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
         raise
     if getattr(trainer, "stopped_early", None):
         if state.is_main_process:
-            print(f"training stopped by {trainer.stopped_by} after step {trainer.global_step} of {config.max_steps}; "
+            print(f"training stopped by {trainer.stopped_by} after step {trainer.global_step} of "
+                  f"{getattr(trainer, 'max_steps', config.max_steps)}; "
                   f"checkpoint: {trainer.stopped_early}\nresume with: {again}", flush=True)
         return 0
     after = _accuracy_on_trainer("after", trainer, inputs, tokenizer, hooks)

@@ -7,7 +7,8 @@ spec's keys, the same way for both engines.
 ``model_revision``, ``dtype``), ``GRPOConfig`` and the dataset mixture. :func:`apply_trl_names` rewrites the first
 two into gtpo's run keys (``model``, ``dataset``, ``eval_dataset``, ``reward_funcs``, ``peft``,
 ``model_init_kwargs``), with TRL's meaning (e.g. the LoRA settings apply only with ``use_peft: true``; the test
-split is the evaluation set only when ``eval_strategy`` is not ``no``). ``num_generations`` is
+split is the evaluation set only when ``eval_strategy`` is not ``no``); a spec that sets ``num_train_epochs`` but not
+``max_steps`` gets ``max_steps: -1``, TRL's default, so that the epochs decide as in ``trl grpo``. ``num_generations`` is
 :class:`gtpo.GTPOConfig`'s own alias of ``group_size``. On gtpo's engine TRL's batch fields
 (``per_device_train_batch_size``, ``gradient_accumulation_steps``, ``steps_per_generation``) become the same batch in
 gtpo's terms (:func:`_trl_batch_on_gtpo_engine`); the other ``GRPOConfig`` options exist only on TRL's engine
@@ -53,6 +54,8 @@ def apply_trl_names(spec: dict[str, Any], *, engine: str, where: Callable[[str],
         ConfigError: a key given under both names with different values, a dataset mixture (``datasets``) or
             streaming, TRL's batch fields on gtpo's engine where they have no exact equivalent.
     """
+    if "num_train_epochs" in spec and "max_steps" not in spec:  # TRL's default max_steps -1: the epochs count
+        spec = {**spec, "max_steps": -1}
     if not any(key in spec for key in TRL_SPEC_KEYS):
         return spec
     spec = dict(spec)

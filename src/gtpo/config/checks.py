@@ -8,12 +8,15 @@ This module imports nothing from torch or the rest of the package.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
 from typing import Any
 
 from ..errors import ConfigValueError
 from .declarations import field_annotation, type_problem
+
+logger = logging.getLogger("gtpo")
 
 
 def settle(config: Any) -> None:
@@ -41,6 +44,11 @@ def settle(config: Any) -> None:
             raise ConfigValueError(f"{err} (given as num_generations, TRL's name of group_size)",
                                    "num_generations") from None
         raise
+    epochs_default = type(config).__dataclass_fields__["num_train_epochs"].default
+    if config.max_steps > 0 and config.num_train_epochs != epochs_default:
+        logger.warning("GTPOConfig: num_train_epochs=%s is not used: max_steps=%d decides the length of the run "
+                       "(as in TRL); set max_steps=-1 to train num_train_epochs epochs", config.num_train_epochs,
+                       config.max_steps)
     for f in dataclasses.fields(config):  # an int given for a float field is stored as a float
         value = getattr(config, f.name)
         if field_annotation(f) in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
@@ -97,7 +105,12 @@ def check_values(config: Any) -> None:
             f"GTPOConfig.group_size must be an integer >= 2 (advantages are relative to the group), "
             f"got {config.group_size!r}"
         )
-    for name in ("prompts_per_step", "max_steps", "num_iterations", "max_prompt_length", "max_completion_length"):
+    if isinstance(config.max_steps, bool) or not isinstance(config.max_steps, int) or \
+            (config.max_steps < 1 and config.max_steps != -1):
+        raise ValueError(f"GTPOConfig.max_steps must be an integer >= 1, or -1 (num_train_epochs decides, as in TRL), "
+                         f"got {config.max_steps!r}")
+    at_least("num_train_epochs", 0.0, strict=True)
+    for name in ("prompts_per_step", "num_iterations", "max_prompt_length", "max_completion_length"):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"GTPOConfig.{name} must be an integer >= 1, got {value!r}")

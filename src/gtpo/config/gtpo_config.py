@@ -36,8 +36,20 @@ class GTPOConfig:
     )
     seed: int = _f(42, "Seed of every random number generator (data order, sampling, initialisation). [C] uses 3407.",
         trl="same", verl="engine")
-    max_steps: int = _f(100, "Number of optimisation steps (one rollout batch each, times num_iterations updates).",
+    max_steps: int = _f(
+        100,
+        "Number of optimisation steps (one rollout batch each, times num_iterations updates). -1: num_train_epochs "
+        "decides (TRL's meaning of max_steps -1, its default): ceil(num_train_epochs * steps per epoch) steps, a step "
+        "per prompts_per_step training prompts and the incomplete last batch of each epoch dropped, so an epoch "
+        "sees each prompt at most once (TRL's RepeatSampler drops it too: the same number of optimizer steps as "
+        "trl grpo with num_iterations 1). In a YAML, setting num_train_epochs without max_steps means -1, as in "
+        "trl grpo. TRL's engine: times num_iterations (its optimizer steps), -1 passed as it is.",
         trl="converted", verl="engine", resumable=True)
+    num_train_epochs: float = _f(
+        3.0,
+        "Passes over the training prompts when max_steps is -1 (TRL's and transformers' meaning and default; a "
+        "fraction trains part of the last epoch). Ignored, with a warning, when max_steps is set (> 0), as in TRL.",
+        trl="same", verl="engine")
 
     # ------------------------------------------------------------------ algorithm
     loss_type: str = _f(
@@ -654,14 +666,27 @@ class GTPOConfig:
         return dict(threshold=self.entropy_threshold if self.resolved_entropy_filter else None,
                     gamma=self.resolved_gamma, scope=self.entropy_filter_scope)
 
-    def num_warmup_steps(self, updates_per_step: int = 1) -> int:
+    def total_steps(self, steps_per_epoch: int) -> int:
+        """The steps a run trains: ``max_steps``, or with ``max_steps`` -1 ``ceil(num_train_epochs *
+        steps_per_epoch)`` (transformers' rule; ``steps_per_epoch``: the full batches of ``prompts_per_step`` prompts
+        in the training set, :attr:`gtpo.GTPOTrainer.steps_per_epoch`)."""
+        if self.max_steps > 0:
+            return self.max_steps
+        return max(1, int(math.ceil(self.num_train_epochs * steps_per_epoch)))
+
+    def num_warmup_steps(self, updates_per_step: int = 1, max_steps: int | None = None) -> int:
         """Warm-up steps of the learning-rate schedule over ``max_steps * updates_per_step`` optimizer steps (TRL's
         engine counts ``num_iterations`` updates per step): ``warmup_steps`` (a count, times ``updates_per_step``, or a
-        fraction of the steps) when > 0, else ``warmup_ratio`` of the steps, rounded up."""
+        fraction of the steps) when > 0, else ``warmup_ratio`` of the steps, rounded up. ``max_steps``: the resolved
+        step count (:meth:`total_steps`; needed when the field is -1), default the field."""
         if self.warmup_steps >= 1:
             return int(self.warmup_steps) * updates_per_step
+        steps = self.max_steps if max_steps is None else max_steps
         fraction = self.warmup_steps if self.warmup_steps > 0 else self.warmup_ratio
-        return int(math.ceil(fraction * self.max_steps * updates_per_step))
+        if fraction > 0 and steps < 0:
+            raise ValueError("GTPOConfig.num_warmup_steps: max_steps is -1 (num_train_epochs decides); pass the "
+                             "resolved step count (total_steps(steps_per_epoch))")
+        return int(math.ceil(fraction * max(steps, 0) * updates_per_step))
 
     def conflict_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of :func:`gtpo.maths.conflict.conflict_weights`."""

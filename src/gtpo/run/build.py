@@ -447,14 +447,16 @@ def build_optimizer(params: Iterable[nn.Parameter], args: GTPOConfig, device: to
     return cls(groups, **common)  # paged on CPU: bitsandbytes warns and runs it unpaged
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, args: GTPOConfig):
-    """``transformers.get_scheduler(lr_scheduler_type)`` over ``max_steps`` with ``args.num_warmup_steps()`` of them
-    warming up (``warmup_steps``, else ``warmup_ratio`` of them, rounded up)."""
+def build_scheduler(optimizer: torch.optim.Optimizer, args: GTPOConfig, num_training_steps: int | None = None):
+    """``transformers.get_scheduler(lr_scheduler_type)`` over ``num_training_steps`` (the run's resolved step count,
+    :meth:`GTPOConfig.total_steps`; default ``max_steps``) with ``args.num_warmup_steps()`` of them warming up
+    (``warmup_steps``, else ``warmup_ratio`` of them, rounded up)."""
     from transformers import get_scheduler
 
+    steps = args.max_steps if num_training_steps is None else num_training_steps
     try:
         return get_scheduler(args.lr_scheduler_type, optimizer,
-                             num_warmup_steps=args.num_warmup_steps(),
-                             num_training_steps=args.max_steps)
+                             num_warmup_steps=args.num_warmup_steps(max_steps=steps),
+                             num_training_steps=steps)
     except (ValueError, TypeError, KeyError) as err:
         raise ValueError(f"GTPOConfig.lr_scheduler_type={args.lr_scheduler_type!r} cannot be used: {err}") from err

@@ -1,0 +1,144 @@
+"""TRL's schedule, epoch, evaluation and logging options on gtpo's own engine (issue 41): ``num_train_epochs`` with
+``max_steps`` -1, ``lr_scheduler_kwargs``, ``eval_strategy`` / ``eval_steps`` / ``per_device_eval_batch_size`` /
+``eval_on_start``, ``logging_first_step`` and ``log_completions``, each run as a user runs it (``gtpo train --config
+x.yaml``) and, where TRL's engine takes the same YAML, compared with what TRL does."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+
+import pytest
+import torch
+import yaml
+
+from gtpo import GTPOConfig
+from gtpo.app.spec import split_spec
+from gtpo.cli import main
+from gtpo.errors import ConfigError
+from gtpo.sampling.rollout import PromptSampler
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+QUESTIONS = [f"What is {a} + {b}?" for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 1)]]
+
+
+def write_yaml(tmp_path, model, n=5, **fields) -> str:
+    """A ``gtpo train`` YAML: ``n`` distinct addition prompts, 2 prompts x 4 completions of 4 tokens a step, the digit
+    reward, every step's 8 completions in completions.jsonl; ``fields`` override."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "answer": "1"}) + "\n" for q in QUESTIONS[:n]))
+    spec = {"model": model, "dataset": {"name": str(data), "template": "plain"},
+            "reward_funcs": [os.path.join(HERE, "scripts", "fault_rewards.py") + ":digit_reward"],
+            "output_dir": str(tmp_path / "out"), "group_size": 4, "prompts_per_step": 2,
+            "max_completion_length": 4, "save_steps": 0, "disable_tqdm": True, "entropy_filter": False,
+            "log_completions_steps": 1, "num_completions_to_print": 8, "seed": 0, "learning_rate": 1e-3}
+    spec.update(fields)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def lines(path) -> list[dict]:
+    with open(path) as fh:
+        return [json.loads(line) for line in fh]
+
+
+def step_records(out) -> list[dict]:
+    return [m for m in lines(os.path.join(out, "metrics.jsonl")) if "reward" in m]
+
+
+# ----------------------------------------------------------------------------------------------- epochs
+def test_prompt_sampler_drops_the_incomplete_tail_of_each_epoch():
+    sampler = PromptSampler(7, seed=3, batch_size=3)
+    batches = [sampler.next(3) for _ in range(6)]
+    for epoch in range(3):  # 2 batches an epoch, 6 distinct rows: the 7th row of the permutation is dropped
+        rows = batches[2 * epoch] + batches[2 * epoch + 1]
+        assert len(set(rows)) == 6
+        assert rows == torch.randperm(7, generator=torch.Generator().manual_seed(3 + epoch)).tolist()[:6]
+    # the state is the old one ({epoch, position}): an old checkpoint's state loads, and continues the same way
+    state = PromptSampler(7, seed=3, batch_size=3)
+    state.load_state_dict({"epoch": 1, "position": 3})
+    assert state.next(3) == batches[3]
+    # without batch_size (max_steps > 0): the old behaviour, a batch continues into the next permutation
+    old = PromptSampler(7, seed=3)
+    first = torch.randperm(7, generator=torch.Generator().manual_seed(3)).tolist()
+    second = torch.randperm(7, generator=torch.Generator().manual_seed(4)).tolist()
+    assert [old.next(3) for _ in range(3)] == [first[:3], first[3:6], [first[6]] + second[:2]]
+    with pytest.raises(ValueError, match="batch_size"):
+        PromptSampler(2, seed=0, batch_size=3)
+
+
+def test_num_train_epochs_in_python_and_yaml(caplog):
+    config = GTPOConfig(max_steps=-1, num_train_epochs=1.5)
+    assert config.total_steps(steps_per_epoch=2) == 3  # ceil(1.5 * 2), transformers' rule
+    assert GTPOConfig(max_steps=7, num_train_epochs=1.5).total_steps(2) == 7
+    assert "max_steps=7 decides" in caplog.text  # set in Python with max_steps set: a warning, max_steps decides
+    with pytest.raises(ValueError, match=r"max_steps must be an integer >= 1, or -1"):
+        GTPOConfig(max_steps=0)
+    with pytest.raises(ValueError, match=r"num_train_epochs must be > 0"):
+        GTPOConfig(max_steps=-1, num_train_epochs=0)
+    # a YAML that sets num_train_epochs and not max_steps: TRL's default max_steps -1, the epochs count
+    _, config = split_spec({"num_train_epochs": 2}, source="x.yaml")
+    assert (config.max_steps, config.num_train_epochs) == (-1, 2.0)
+    _, config = split_spec({"num_train_epochs": 2, "max_steps": 5}, source="x.yaml")
+    assert config.max_steps == 5
+
+
+def test_num_train_epochs_trains_each_prompt_once_per_epoch(tiny_model_path, tmp_path):
+    """5 prompts, 2 a step: 2 steps an epoch (the 5th prompt of each epoch dropped, as TRL's RepeatSampler does);
+    1.5 epochs = 3 steps; the linear schedule decays over those 3 steps (the scheduler got the resolved count)."""
+    path = write_yaml(tmp_path, tiny_model_path, num_train_epochs=1.5, lr_scheduler_type="linear")
+    assert main(["train", "--config", path]) == 0
+    out = tmp_path / "out"
+    records = step_records(out)
+    assert [m["step"] for m in records] == [1, 2, 3]
+    prompts: dict[int, list[str]] = {}
+    for row in lines(out / "completions.jsonl"):
+        prompts.setdefault(row["step"], []).append(row["prompt"])
+    per_step = {step: sorted(set(p)) for step, p in prompts.items()}
+    assert all(len(p) == 2 for p in per_step.values())
+    epoch1 = per_step[1] + per_step[2]
+    assert len(set(epoch1)) == 4  # each prompt at most once in the first epoch
+    # the rows are the epochs' seeded permutations without their 5th row (the dataset keeps the file's order)
+    first, second = (torch.randperm(5, generator=torch.Generator().manual_seed(seed)).tolist() for seed in (0, 1))
+    asked = {step: sorted(QUESTIONS.index(p.removeprefix("Question: ").removesuffix("\nAnswer:")) for p in ps)
+             for step, ps in per_step.items()}
+    assert asked == {1: sorted(first[:2]), 2: sorted(first[2:4]), 3: sorted(second[:2])}
+    # the schedule over 3 steps: transformers' own linear schedule with num_training_steps=3
+    from transformers import get_scheduler
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    sched = get_scheduler("linear", opt, num_warmup_steps=0, num_training_steps=3)
+    expected = []
+    for _ in range(3):
+        opt.step()
+        sched.step()
+        expected.append(sched.get_last_lr()[0])
+    assert [m["learning_rate"] for m in records] == pytest.approx(expected, abs=1e-15)
+    assert records[-1]["learning_rate"] == 0.0  # the schedule reached its end at the last step, not at max_steps 100
+    run_config = json.loads((out / "run_config.json").read_text())
+    assert (run_config["max_steps"], run_config["num_train_epochs"]) == (-1, 1.5)
+
+
+def test_fewer_prompts_than_a_step_is_refused_with_epochs(tiny_model_path, tmp_path, capsys):
+    path = write_yaml(tmp_path, tiny_model_path, n=1, num_train_epochs=1)
+    assert main(["train", "--config", path]) != 0
+    assert "fewer than one step's prompts_per_step" in capsys.readouterr().err
+
+
+def test_trl_engine_gets_epochs_and_trains_as_many_steps(tiny_model_path, tmp_path):
+    """The same YAML on TRL's engine: max_steps -1 and num_train_epochs go through, and TRL's Trainer trains the same
+    number of optimizer steps as gtpo's engine (its RepeatSampler drops the incomplete batch too)."""
+    pytest.importorskip("trl")
+    from gtpo.integrations.trl import TRLGTPOConfig
+
+    config = GTPOConfig(max_steps=-1, num_train_epochs=1.5, warmup_ratio=0.5, num_iterations=2)
+    args = TRLGTPOConfig.from_gtpo_config(config, use_cpu=True)
+    assert (args.max_steps, args.num_train_epochs, args.warmup_steps) == (-1, 1.5, 0.5)
+    path = write_yaml(tmp_path, tiny_model_path, num_train_epochs=1.5, engine="trl", logging_steps=1)
+    assert main(["train", "--config", path]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["steps"] == 3  # TRL's trainer.state.global_step, = gtpo's 3 above
+    assert [m["step"] for m in step_records(tmp_path / "out")] == [1, 2, 3]
