@@ -142,3 +142,61 @@ def test_trl_engine_gets_epochs_and_trains_as_many_steps(tiny_model_path, tmp_pa
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["steps"] == 3  # TRL's trainer.state.global_step, = gtpo's 3 above
     assert [m["step"] for m in step_records(tmp_path / "out")] == [1, 2, 3]
+
+
+# ----------------------------------------------------------------------------------------------- lr_scheduler_kwargs
+def transformers_rates(name: str, steps: int, warmup: int, kwargs: dict, lr: float) -> list[float]:
+    """The learning rate after each of ``steps`` steps of transformers' own schedule, as TRL's Trainer builds it."""
+    from transformers import get_scheduler
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    sched = get_scheduler(name, opt, num_warmup_steps=warmup, num_training_steps=steps,
+                          scheduler_specific_kwargs=kwargs)
+    rates = []
+    for _ in range(steps):
+        opt.step()
+        sched.step()
+        rates.append(sched.get_last_lr()[0])
+    return rates
+
+
+def test_lr_scheduler_kwargs_end_to_end(tiny_model_path, tmp_path):
+    """cosine_with_min_lr with min_lr_rate 0.25 and 2 warm-up steps over 6 steps: the learning rates in metrics.jsonl
+    are transformers' schedule's, and the floor is min_lr_rate x the peak (not 0, as plain cosine would end)."""
+    kwargs = {"min_lr_rate": 0.25}
+    path = write_yaml(tmp_path, tiny_model_path, n=4, max_steps=6, lr_scheduler_type="cosine_with_min_lr",
+                      lr_scheduler_kwargs=kwargs, warmup_steps=2, log_completions_steps=0)
+    assert main(["train", "--config", path]) == 0
+    rates = [m["learning_rate"] for m in step_records(tmp_path / "out")]
+    assert rates == pytest.approx(transformers_rates("cosine_with_min_lr", 6, 2, kwargs, 1e-3), abs=1e-15)
+    assert rates[-1] == pytest.approx(0.25e-3, abs=1e-15)
+    assert rates != pytest.approx(transformers_rates("cosine", 6, 2, {}, 1e-3), abs=1e-9)  # the kwargs mattered
+
+
+def test_lr_scheduler_types_are_transformers(tmp_path, capsys):
+    from transformers import SchedulerType
+
+    from gtpo.config.declarations import LR_SCHEDULER_TYPES, METRIC_LR_SCHEDULERS
+
+    assert set(LR_SCHEDULER_TYPES) | set(METRIC_LR_SCHEDULERS) == {t.value for t in SchedulerType}
+    for name in LR_SCHEDULER_TYPES:  # each builds with the keywords it needs
+        extra = {"min_lr_rate": 0.1} if "min_lr" in name else {}
+        GTPOConfig(lr_scheduler_type=name, lr_scheduler_kwargs=extra)
+    with pytest.raises(ValueError, match=r"lr_scheduler_type must be one of .*'reduce_lr_on_plateau' and 'greedy' "
+                                         r"step on an evaluation metric"):
+        GTPOConfig(lr_scheduler_type="reduce_lr_on_plateau")
+    with pytest.raises(ValueError, match=r"lr_scheduler_kwargs must be a mapping"):
+        GTPOConfig(lr_scheduler_kwargs=["min_lr_rate", 0.1])
+    # a keyword the schedule does not take: an error naming the YAML field before the model loads (no model here)
+    path = write_yaml(tmp_path, str(tmp_path / "no-such-model"), max_steps=2, lr_scheduler_type="cosine",
+                      lr_scheduler_kwargs={"min_lr_rate": 0.1})
+    assert main(["train", "--config", path]) != 0
+    err = capsys.readouterr().err
+    assert "lr_scheduler_type='cosine' with lr_scheduler_kwargs={'min_lr_rate': 0.1} cannot be used" in err
+    assert "run.yaml" in err and "no-such-model" not in err
+    pytest.importorskip("trl")
+    from gtpo.integrations.trl import TRLGTPOConfig
+
+    args = TRLGTPOConfig.from_gtpo_config(GTPOConfig(lr_scheduler_type="cosine_with_min_lr",
+                                                     lr_scheduler_kwargs={"min_lr_rate": 0.1}), use_cpu=True)
+    assert (args.lr_scheduler_type, args.lr_scheduler_kwargs) == ("cosine_with_min_lr", {"min_lr_rate": 0.1})

@@ -109,6 +109,7 @@ class GTPOTrainer:
 
             require_vllm("GTPOConfig.use_vllm")
         check_trackers(args.report_to, where="GTPOConfig.report_to")  # a missing tracker would log nothing
+        setup.check_scheduler(args)  # lr_scheduler_type / lr_scheduler_kwargs that transformers refuses
         # bf16 autocast is the policy's own (PolicyForward, sampling): accelerate's mixed precision stays off,
         # whatever the launcher says (a conflicting setting is named in a warning once the dtype is known)
         self.accelerator = acc = setup.accelerator_without_mixed_precision(

@@ -38,6 +38,14 @@ def _check_runnable(run: RunSpec, config: GTPOConfig, *, source: str, options) -
         raise ConfigError(
             f"{source}: a run needs " + "; ".join(f"{key} (set `{key}:` or pass {hint})" for key, hint in missing)
             + ". Only `gtpo train` without arguments runs the offline demo; `--demo` starts from it")
+    if run.engine == "gtpo":  # transformers refuses a schedule's keywords when it is built: before the model loads
+        from ..run.build import check_scheduler
+
+        try:
+            check_scheduler(config)
+        except ValueError as err:
+            key = "lr_scheduler_kwargs" if config.lr_scheduler_kwargs else "lr_scheduler_type"
+            raise ConfigError(f"{where_of(options, key, source)}: {err}") from None
     if config.use_vllm and run.engine == "gtpo":
         from ..sampling.vllm_engine import VLLM_INSTALL_HINT, vllm_available
 

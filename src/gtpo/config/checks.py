@@ -177,6 +177,10 @@ def check_values(config: Any) -> None:
     ):
         raise ValueError(f"GTPOConfig.reward_weights must be a list of finite numbers, got {config.reward_weights!r}")
     _check_model_init_kwargs(config.model_init_kwargs)
+    kwargs = config.lr_scheduler_kwargs
+    if kwargs is not None and (not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs)):
+        raise ValueError("GTPOConfig.lr_scheduler_kwargs must be a mapping of the schedule's keyword arguments (e.g. "
+                         f"{{min_lr_rate: 0.1}} for cosine_with_min_lr), got {kwargs!r}")
     check_precision(config)
     if not config.eval_k or any((not isinstance(k, int)) or k < 1 for k in config.eval_k):
         raise ValueError(f"GTPOConfig.eval_k must be a non-empty list of integers >= 1, got {config.eval_k!r}")

@@ -31,6 +31,12 @@ VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 RUN_DTYPES = ("auto", "float32", "bfloat16")
 SAVE_DTYPES = ("auto", "float32")
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adamw_8bit", "paged_adamw_8bit")
+#: transformers' SchedulerType names that gtpo's trainer runs (every one but 'reduce_lr_on_plateau' and 'greedy', whose
+#: step() takes an evaluation metric; tests/test_trl_schedule_options.py checks this list against transformers')
+LR_SCHEDULER_TYPES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                      "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay")
+#: transformers' SchedulerType names refused (their schedule steps on an evaluation metric, not on the step count)
+METRIC_LR_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 #: gamma, GTPO's entropy-shaping coefficient [P][C]: the default of loss_type gtpo and of the official / paper presets
 GTPO_GAMMA = 0.1

@@ -17,7 +17,7 @@ from .presets import PRESETS as _PRESETS, apply_preset as _apply_preset, preset_
 from .checks import check, settle
 from .declarations import (_FACTS, AGGREGATIONS, COMPLETION_REDUCTIONS, COMPLETION_SIGNS, CONFLICT_COMBINE, CONFLICT_COUNT,
                            DEFAULT_AGGREGATION, ENTROPY_RULES, FILTER_SCOPES, GAMMA_GROUPS, GTPO_GAMMA, LOSS_TYPES,
-                           OPTIMIZERS, REPORT_TARGETS, RUN_DTYPES, SAVE_DTYPES, SCALE_REWARDS, VLLM_DTYPES, VLLM_IS_MODES,
+                           LR_SCHEDULER_TYPES, OPTIMIZERS, REPORT_TARGETS, RUN_DTYPES, SAVE_DTYPES, SCALE_REWARDS, VLLM_DTYPES, VLLM_IS_MODES,
                            _f)
 
 
@@ -382,8 +382,27 @@ class GTPOConfig:
 
     # ------------------------------------------------------------------ optimisation
     learning_rate: float = _f(1e-6, "Peak learning rate of AdamW. [C] 1e-6 (LoRA r=128).", trl="same", verl="engine")
-    lr_scheduler_type: str = _f("cosine", "Any transformers scheduler name ('cosine', 'linear', 'constant', ...). [C] cosine.",
-        trl="same", verl="engine")
+    lr_scheduler_type: str = _f(
+        "cosine",
+        "Learning-rate schedule over the run's steps, by transformers' name (TrainingArguments.lr_scheduler_type, "
+        "built with transformers.get_scheduler as TRL builds it): 'cosine', 'linear', 'constant', "
+        "'cosine_with_min_lr', 'warmup_stable_decay', ... (every transformers SchedulerType but 'reduce_lr_on_plateau' "
+        "and 'greedy', which step on an evaluation metric while gtpo's trainer steps the schedule once per training "
+        "step). [C] cosine; TRL's default is linear.",
+        trl="same", verl="engine",
+        choices=LR_SCHEDULER_TYPES,
+        choices_note="transformers' SchedulerType; 'reduce_lr_on_plateau' and 'greedy' step on an evaluation metric, "
+                     "which gtpo's trainer does not schedule on",
+    )
+    lr_scheduler_kwargs: dict[str, Any] | None = _f(
+        None,
+        "Extra keyword arguments of the schedule (TRL's and transformers' lr_scheduler_kwargs, passed to "
+        "transformers.get_scheduler as scheduler_specific_kwargs), e.g. {min_lr_rate: 0.1} for "
+        "cosine_with_min_lr, {num_cycles: 2} for cosine_with_restarts, {power: 2.0} for polynomial, "
+        "{num_decay_steps: 20} for warmup_stable_decay. A keyword the schedule does not take is an error before "
+        "the model loads. 'constant' and 'constant_with_warmup' take none (transformers ignores them).",
+        trl="same", verl="engine",
+    )
     warmup_ratio: float = _f(0.0, "Fraction of max_steps used for linear warm-up. [C] 0.005.",
         trl="renamed", trl_name="warmup_steps", verl="engine")
     warmup_steps: float = _f(
