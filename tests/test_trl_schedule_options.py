@@ -200,3 +200,68 @@ def test_lr_scheduler_types_are_transformers(tmp_path, capsys):
     args = TRLGTPOConfig.from_gtpo_config(GTPOConfig(lr_scheduler_type="cosine_with_min_lr",
                                                      lr_scheduler_kwargs={"min_lr_rate": 0.1}), use_cpu=True)
     assert (args.lr_scheduler_type, args.lr_scheduler_kwargs) == ("cosine_with_min_lr", {"min_lr_rate": 0.1})
+
+
+# ----------------------------------------------------------------------------------------------- evaluation
+def eval_yaml(tmp_path, model, **fields) -> str:
+    data = tmp_path / "eval.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "answer": "1"}) + "\n" for q in QUESTIONS[:2]))
+    return write_yaml(tmp_path, model, eval_dataset={"name": str(data), "template": "plain"}, eval_max_new_tokens=2,
+                      log_completions_steps=0, **fields)
+
+
+@pytest.mark.parametrize("fields, evaluated", [
+    (dict(eval_strategy="steps", eval_steps=2, max_steps=5), [2, 4, 5]),  # every eval_steps, and the last step
+    (dict(eval_strategy="steps", logging_steps=3, max_steps=4), [3, 4]),  # eval_steps unset: logging_steps (TRL)
+    (dict(eval_steps=2, max_steps=3), [2, 3]),  # a gtpo YAML: eval_steps alone turns it on
+    (dict(eval_strategy="no", eval_steps=2, max_steps=3), []),
+    (dict(eval_strategy="epoch", num_train_epochs=1.5), [2, 3]),  # 2 steps an epoch; the partial last epoch's end
+    (dict(eval_strategy="epoch", max_steps=5, eval_on_start=True), [0, 2, 4, 5]),
+])
+def test_eval_strategy_end_to_end(tiny_model_path, tmp_path, fields, evaluated):
+    path = eval_yaml(tmp_path, tiny_model_path, **fields)
+    assert main(["train", "--config", path]) == 0
+    records = lines(tmp_path / "out" / "metrics.jsonl")
+    assert [m["step"] for m in records if "eval/accuracy_greedy" in m] == evaluated
+    assert [m["step"] for m in records if "reward" in m] == list(range(1, records[-1]["step"] + 1))
+
+
+def test_per_device_eval_batch_size_is_the_evaluation_batch(tiny_model_path, tmp_path, monkeypatch):
+    from gtpo.config import resolved
+    from gtpo.evaluation import api
+
+    assert resolved(GTPOConfig(), "per_device_eval_batch_size") == 64
+    assert resolved(GTPOConfig(generation_batch_size=16), "per_device_eval_batch_size") == 16
+    batches = []
+    real = api.evaluate_during_training
+
+    def spy(*args, **kwargs):
+        batches.append(kwargs["batch_size"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "evaluate_during_training", spy)
+    path = eval_yaml(tmp_path, tiny_model_path, eval_strategy="steps", eval_steps=1, max_steps=1,
+                     per_device_eval_batch_size=3)
+    assert main(["train", "--config", path]) == 0
+    assert batches == [3]
+
+
+def test_trl_yaml_test_split_is_the_eval_set_only_with_an_eval_strategy(tmp_path):
+    base = {"model_name_or_path": "m", "dataset_name": "org/data", "dataset_test_split": "validation",
+            "reward_funcs": ["accuracy_reward"], "eval_steps": 5}
+    run, config = split_spec(dict(base), source="grpo.yaml")  # TRL's default eval_strategy 'no'
+    assert run.eval_dataset is None and config.resolved_eval_strategy == "no"
+    run, config = split_spec({**base, "eval_strategy": "epoch"}, source="grpo.yaml")
+    assert run.eval_dataset == {"name": "org/data", "split": "validation"}
+    assert (config.eval_strategy, config.resolved_eval_steps) == ("epoch", 5)
+    with pytest.raises(ConfigError, match=r"eval_strategy must be None or one of \['no', 'steps', 'epoch'\]"):
+        split_spec({**base, "eval_strategy": "best"}, source="grpo.yaml")
+    pytest.importorskip("trl")
+    from gtpo.integrations.trl import TRLGTPOConfig
+
+    args = TRLGTPOConfig.from_gtpo_config(GTPOConfig(eval_strategy="epoch", per_device_eval_batch_size=16,
+                                                     eval_on_start=True, num_iterations=2), use_cpu=True)
+    assert (args.eval_strategy, args.per_device_eval_batch_size, args.eval_on_start) == ("epoch", 16, True)
+    args = TRLGTPOConfig.from_gtpo_config(GTPOConfig(eval_strategy="steps", logging_steps=3, num_iterations=2),
+                                          use_cpu=True)
+    assert (args.eval_strategy, args.eval_steps) == ("steps", 6)  # logging_steps, in TRL's optimizer steps

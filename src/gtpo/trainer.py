@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
-from .config import GTPOConfig, fields_where
+from .config import GTPOConfig, fields_where, resolved
 from .data.loaders import as_dataset
 from .errors import TrainingStopped
 from .maths import method
@@ -559,13 +559,19 @@ class GTPOTrainer:
         metrics: dict[str, float] = {}
         last_saved = self.global_step if resume is not None else -1
         try:
-            if self.probe_texts and self.global_step == 0 and acc.is_main_process:
-                run_dir.append("metrics.jsonl", {"step": 0, **self._probe()})
+            if self.global_step == 0:  # step 0: TRL's eval_on_start (before the first step), the probes
+                start = self.evaluate() if a.eval_on_start and self.eval_dataset is not None else {}
+                if start and a.report_to:
+                    acc.log(start, step=0)
+                if self.probe_texts and acc.is_main_process:
+                    start = {**start, **self._probe()}
+                if start and acc.is_main_process:
+                    run_dir.append("metrics.jsonl", {"step": 0, **start})
             while self.global_step < self.max_steps:
                 metrics = self.step()
                 give_up = self.consecutive_skips >= a.max_consecutive_skips
                 if not give_up:
-                    if self.eval_dataset is not None and a.eval_steps and self.global_step % a.eval_steps == 0:
+                    if self.evaluates_at(self.global_step):
                         metrics.update(self.evaluate())
                     if self.probe_texts:
                         metrics.update(self._probe())
@@ -604,6 +610,20 @@ class GTPOTrainer:
                 acc.end_training()
         return metrics
 
+    def evaluates_at(self, step: int) -> bool:
+        """Whether the eval dataset is evaluated after ``step`` (transformers' rule for ``eval_strategy``): 'steps'
+        every ``eval_steps`` (None/0: ``logging_steps``) and at the last step; 'epoch' at the end of every epoch
+        (``steps_per_epoch`` steps) and at the last step (the end of a partial last epoch); never without an eval
+        dataset."""
+        if self.eval_dataset is None:
+            return False
+        strategy = self.args.resolved_eval_strategy
+        if strategy == "steps":
+            return step % self.args.resolved_eval_steps == 0 or step == self.max_steps
+        if strategy == "epoch":
+            return step % self.steps_per_epoch == 0 or step == self.max_steps
+        return False
+
     def evaluate(self) -> dict[str, float]:
         """Evaluate on ``eval_dataset``; returns ``eval/*`` metrics."""
         from .evaluation.api import evaluate_during_training
@@ -613,7 +633,7 @@ class GTPOTrainer:
         with self.precision.context(self.accelerator.device):
             return evaluate_during_training(
                 self.unwrapped_model, self.tokenizer, self.eval_dataset, sampling=SamplingParams.for_evaluation(a),
-                n=a.eval_num_samples, k_list=a.eval_k, batch_size=a.generation_batch_size or 64,
+                n=a.eval_num_samples, k_list=a.eval_k, batch_size=resolved(a, "per_device_eval_batch_size"),
                 scoring=ScoringOptions(reward_fn=self.eval_reward_func), engine=self.vllm_engine, merge_lora=a.merge_lora_for_sampling,
             )
 

@@ -39,7 +39,7 @@ TRL_MODEL_KEYS = ("model_name_or_path", "model_revision", "attn_implementation",
 #: TRL's batch fields, which gtpo's engine maps onto prompts_per_step / micro_batch_size
 TRL_BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation")
 #: every TRL key accepted at the top level of a spec on both engines
-TRL_SPEC_KEYS = TRL_SCRIPT_KEYS + TRL_MODEL_KEYS + ("eval_strategy", "trust_remote_code") + TRL_BATCH_KEYS
+TRL_SPEC_KEYS = TRL_SCRIPT_KEYS + TRL_MODEL_KEYS + ("trust_remote_code",) + TRL_BATCH_KEYS
 
 _LORA = {"lora_r": "r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout",
          "lora_target_modules": "target_modules", "lora_modules_to_save": "modules_to_save", "use_rslora": "use_rslora",
@@ -136,19 +136,14 @@ def _peft(spec: dict[str, Any], take, put) -> None:
 
 def _datasets(spec: dict[str, Any], take, put, engine: str) -> None:
     """``dataset_name`` (+ ``dataset_config``, ``dataset_train_split``) -> ``dataset``; ``dataset_test_split`` ->
-    ``eval_dataset`` when ``eval_strategy`` is not ``no`` (TRL's rule; its default is ``no``)."""
+    ``eval_dataset`` when ``eval_strategy`` is not ``no`` (TRL's rule). ``eval_strategy`` is a GTPOConfig field on both
+    engines; a TRL YAML (one with ``dataset_name``) that leaves it unset gets TRL's default ``no`` (so ``eval_steps``
+    alone evaluates nothing, as in ``trl grpo``), where a gtpo YAML's unset ``eval_strategy`` follows ``eval_steps``."""
     name, config = take("dataset_name"), take("dataset_config")
     train_split, test_split = take("dataset_train_split", "train"), take("dataset_test_split", "test")
-    strategy = spec.get("eval_strategy", "no")
-    if engine == "gtpo":
-        strategy = take("eval_strategy", "no")
-        if strategy not in ("no", "steps"):
-            raise ConfigError(f"eval_strategy: gtpo's trainer evaluates every eval_steps ('steps') or not at all "
-                              f"('no'), got {strategy!r}")
-        if strategy == "no" and spec.get("eval_steps"):
-            spec["eval_steps"] = 0  # TRL evaluates only when eval_strategy says so
     if name is None:
         return
+    strategy = spec.setdefault("eval_strategy", "no")  # TRL's default, in a YAML written for trl grpo
     dataset = {"name": name, "split": train_split, **({"config": config} if config else {})}
     put("dataset", dataset, "dataset_name")
     if strategy != "no" and "eval_dataset" not in spec:

@@ -37,6 +37,7 @@ LR_SCHEDULER_TYPES = ("linear", "cosine", "cosine_with_restarts", "polynomial", 
                       "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay")
 #: transformers' SchedulerType names refused (their schedule steps on an evaluation metric, not on the step count)
 METRIC_LR_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
+EVAL_STRATEGIES = ("no", "steps", "epoch")
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 #: gamma, GTPO's entropy-shaping coefficient [P][C]: the default of loss_type gtpo and of the official / paper presets
 GTPO_GAMMA = 0.1

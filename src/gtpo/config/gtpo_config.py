@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Mapping
 from .presets import PRESETS as _PRESETS, apply_preset as _apply_preset, preset_values as _preset_values
 from .checks import check, settle
 from .declarations import (_FACTS, AGGREGATIONS, COMPLETION_REDUCTIONS, COMPLETION_SIGNS, CONFLICT_COMBINE, CONFLICT_COUNT,
-                           DEFAULT_AGGREGATION, ENTROPY_RULES, FILTER_SCOPES, GAMMA_GROUPS, GTPO_GAMMA, LOSS_TYPES,
+                           DEFAULT_AGGREGATION, ENTROPY_RULES, EVAL_STRATEGIES, FILTER_SCOPES, GAMMA_GROUPS, GTPO_GAMMA, LOSS_TYPES,
                            LR_SCHEDULER_TYPES, OPTIMIZERS, REPORT_TARGETS, RUN_DTYPES, SAVE_DTYPES, SCALE_REWARDS, VLLM_DTYPES, VLLM_IS_MODES,
                            _f)
 
@@ -528,8 +528,42 @@ class GTPOConfig:
         trl="gtpo_engine", verl="engine", resumable=True,
         choices=SAVE_DTYPES, choices_note="'auto': the run's dtype",
     )
-    eval_steps: int = _f(0, "Evaluate on the eval dataset every this many steps (0 disables).",
-        trl="converted", verl="engine", resumable=True)
+    eval_strategy: str | None = _f(
+        None,
+        "When the eval dataset is evaluated during training (TRL's and transformers' eval_strategy): 'no'; 'steps': "
+        "every eval_steps steps and at the last step (as transformers' Trainer); 'epoch': at the end of every epoch "
+        "(every steps-per-epoch steps, see max_steps) and at the last step. None: 'steps' when eval_steps is set "
+        "(> 0), else 'no' (gtpo's YAMLs evaluate by setting eval_steps alone). A YAML written for trl grpo that "
+        "leaves it unset gets TRL's default 'no', and its dataset_test_split becomes the eval dataset only when it "
+        "is not 'no' (TRL's rule). Without an eval dataset nothing is evaluated. gtpo's evaluation is its own "
+        "(eval/* metrics: greedy accuracy or pass@k, eval_num_samples, eval_k), not TRL's eval loss.",
+        trl="converted", verl="engine", resumable=True,
+        rule=lambda c: "steps" if c.eval_steps else "no",
+        choices=EVAL_STRATEGIES,
+    )
+    eval_steps: int | None = _f(
+        None,
+        "Evaluate every this many steps (with eval_strategy 'steps'). None or 0: logging_steps when eval_strategy is "
+        "'steps' (TRL's and transformers' rule); setting it alone (eval_strategy unset) turns evaluation on. TRL's "
+        "engine: times num_iterations (its optimizer steps). A fraction of the run (transformers' eval_steps < 1) is "
+        "not taken: give a number of steps.",
+        trl="converted", verl="engine", resumable=True,
+        rule=lambda c: c.eval_steps or c.logging_steps,
+    )
+    per_device_eval_batch_size: int | None = _f(
+        None,
+        "Completions generated per generate() call in the in-training evaluation (TRL's per_device_eval_batch_size, "
+        "its evaluation batch per process). None: generation_batch_size, else 64. TRL's engine: passed on when set "
+        "(else num_generations, so that its evaluation batch holds whole groups).",
+        trl="converted", verl="engine", resumable=True,
+        rule=lambda c: c.generation_batch_size or 64,
+    )
+    eval_on_start: bool = _f(
+        False,
+        "Evaluate once before the first step (TRL's and transformers' eval_on_start, a sanity check of the "
+        "evaluation), logged at step 0. Not repeated when a run resumes.",
+        trl="same", verl="engine", resumable=True,
+    )
     eval_num_samples: int = _f(1, "Samples per eval problem (n); 1 with eval_temperature 0 is greedy accuracy.",
         trl="gtpo_engine", verl="engine", resumable=True)
     eval_k: list[int] = _f([1], "k values of pass@k / maj@k logged during training.",
@@ -582,6 +616,14 @@ class GTPOConfig:
     @property
     def resolved_dynamic_sampling(self) -> bool:
         return resolved(self, "dynamic_sampling")
+
+    @property
+    def resolved_eval_strategy(self) -> str:
+        return resolved(self, "eval_strategy")
+
+    @property
+    def resolved_eval_steps(self) -> int:
+        return resolved(self, "eval_steps")
 
     @property
     def resolved_eval_max_new_tokens(self) -> int:

@@ -340,8 +340,10 @@ class TRLGTPOConfig(GRPOConfig):
             max_steps=c.max_steps * mu if c.max_steps > 0 else -1, warmup_steps=_warmup_steps(c, mu),
             report_to=list(c.report_to) or "none",
             save_strategy="steps" if c.save_steps > 0 else "no", save_steps=max(c.save_steps, 1) * mu,
-            eval_strategy="steps" if c.eval_steps > 0 else "no", eval_steps=max(c.eval_steps, 1) * mu,
+            eval_strategy=c.resolved_eval_strategy, eval_steps=c.resolved_eval_steps * mu,
         )
+        if c.per_device_eval_batch_size is not None:
+            out["per_device_eval_batch_size"] = c.per_device_eval_batch_size
         batch_keys = {"per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
                       "generation_batch_size"}
         if batch_keys & set(trl_options):
