@@ -265,3 +265,91 @@ def test_trl_yaml_test_split_is_the_eval_set_only_with_an_eval_strategy(tmp_path
     args = TRLGTPOConfig.from_gtpo_config(GTPOConfig(eval_strategy="steps", logging_steps=3, num_iterations=2),
                                           use_cpu=True)
     assert (args.eval_strategy, args.eval_steps) == ("steps", 6)  # logging_steps, in TRL's optimizer steps
+
+
+# ----------------------------------------------------------------------------------------------- logging
+def tensorboard_events(out):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (logdir,) = [os.path.join(out, d) for d in os.listdir(out) if os.path.isdir(os.path.join(out, d))
+                 and any(f.startswith("events.") for f in os.listdir(os.path.join(out, d)))]
+    return EventAccumulator(logdir, size_guidance={"tensors": 0, "scalars": 0}).Reload()
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_logging_first_step_and_log_completions_to_tensorboard(tiny_model_path, tmp_path, first):
+    """logging_steps 2 over 3 steps: the trackers get steps 2 (and 1 with logging_first_step), each with the
+    completions table of log_completions (num_completions_to_print rows); completions.jsonl is as before."""
+    pytest.importorskip("tensorboard")
+    path = write_yaml(tmp_path, tiny_model_path, n=4, max_steps=3, logging_steps=2, logging_first_step=first,
+                      log_completions=True, num_completions_to_print=3, report_to="tensorboard", run_name="tb",
+                      log_completions_steps=3)
+    assert main(["train", "--config", path]) == 0
+    out = tmp_path / "out"
+    events = tensorboard_events(str(out))
+    logged = [1, 2] if first else [2]
+    assert [e.step for e in events.Scalars("reward")] == logged
+    records = {m["step"]: m for m in step_records(out)}
+    assert [e.value for e in events.Scalars("reward")] == pytest.approx([records[s]["reward"] for s in logged],
+                                                                         rel=1e-6)
+    texts = events.Tensors("completions/text_summary")
+    assert [t.step for t in texts] == logged
+    table = texts[-1].tensor_proto.string_val[0].decode()
+    header, rule, *rows = table.splitlines()
+    assert header == "| step | prompt | completion | digit_reward | reward | advantage |"
+    assert len(rows) == 3 and all(row.startswith("| 2 | Question: ") for row in rows)
+    assert [json.loads(line)["step"] for line in open(out / "completions.jsonl")] == [3, 3, 3]  # as before
+
+
+def run_in_a_process(path, env):
+    import subprocess
+    import sys
+
+    code = f"from gtpo.cli import main; raise SystemExit(main(['train', '--config', {path!r}]))"
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_log_completions_to_wandb_offline(tiny_model_path, tmp_path):
+    pytest.importorskip("wandb")
+    path = write_yaml(tmp_path, tiny_model_path, n=4, max_steps=2, logging_steps=1, log_completions=True,
+                      num_completions_to_print=5, report_to="wandb", log_completions_steps=0)
+    run_in_a_process(path, {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"})
+    tables = sorted(glob_files(tmp_path / "wandb", "offline-run-*/files/media/table/completions_*.table.json"))
+    assert len(tables) == 2  # one table a logging step
+    contents = [json.loads(open(t).read()) for t in tables]
+    steps = sorted(c["data"][0][0] for c in contents)
+    assert steps == [1, 2]
+    table = contents[0]
+    assert table["columns"] == ["step", "prompt", "completion", "digit_reward", "reward", "advantage"]
+    assert len(table["data"]) == 5
+    assert all(row[3] == pytest.approx(row[4]) for row in table["data"])  # one reward of weight 1
+    assert all(0 <= row[4] <= 1 for row in table["data"])  # digit shares
+    # the advantages of a group are its rewards minus the group's mean (scale_rewards 'none' for gtpo)
+    group = table["data"][:4]
+    mean = sum(r[4] for r in group) / 4
+    assert [r[5] for r in group] == pytest.approx([r[4] - mean for r in group], abs=1e-6)
+
+
+def test_log_completions_to_trackio(tiny_model_path, tmp_path):
+    pytest.importorskip("trackio")
+    import sqlite3
+
+    path = write_yaml(tmp_path, tiny_model_path, n=4, max_steps=1, log_completions=True, num_completions_to_print=2,
+                      report_to="trackio", log_completions_steps=0)
+    run_in_a_process(path, {"TRACKIO_DIR": str(tmp_path / "tio")})
+    (db,) = glob_files(tmp_path / "tio", "*.db")
+    blobs = [json.loads(b) for (b,) in sqlite3.connect(db).execute("select metrics from metrics").fetchall()]
+    tables = [b["completions"] for b in blobs if "completions" in b]
+    assert len(tables) == 1
+    assert tables[0]["_type"] == "trackio.table"
+    rows = tables[0]["_value"]
+    assert len(rows) == 2 and all(r["step"] == 1 and r["prompt"].startswith("Question: ") for r in rows)
+    assert list(rows[0]) == ["step", "prompt", "completion", "digit_reward", "reward", "advantage"]
+
+
+def glob_files(root, pattern):
+    import glob
+
+    return glob.glob(os.path.join(str(root), pattern))

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import time
@@ -53,7 +54,7 @@ from .run.checkpoint import RESUME_HINT, RunDirectory
 from .run.diagnostics import NoSignalCounter, policy_change_sums, probe_probabilities, signal_counts
 from .run.signals import install_stop_handlers, restore_handlers, stop_requested
 from .run.step_metrics import step_metrics
-from .run.trackers import check_trackers, start_trackers
+from .run.trackers import check_trackers, log_table, start_trackers
 from .run.update import SamplerStats, UpdateInputs, UpdateResult
 from .sampling.policy import PolicyForward
 from .sampling.rollout import PromptSampler, Rollout, SamplingParams, encode_dataset_prompts, eos_token_ids, generate
@@ -181,6 +182,7 @@ class GTPOTrainer:
         self.initial_entropy: float | None = None
         self.no_signal = NoSignalCounter()  # steps without gradient signal, by reason
         self.last_batch: ScoredBatch | None = None
+        self.last_advantages: torch.Tensor | None = None  # (N,) this process's advantages of last_batch
         self._stop_signal: int | None = None
         self.stopped_early: str | None = None  # the checkpoint written when a signal stopped train()
         self.stopped_by: str | None = None     # the signal's name
@@ -276,7 +278,7 @@ class GTPOTrainer:
         no_signal = self.no_signal.record(
             self.global_step, acc.reduce(result.signal, "sum"), skipped=result.skipped_updates > 0,
             seq_entropy=result.seq_entropy, mask=inputs.mask, threshold=a.entropy_threshold, temperature=a.temperature)
-        self.last_batch = batch
+        self.last_batch, self.last_advantages = batch, advantages
         return step_metrics(self, batch, all_rewards, inputs, result, stats, no_signal,       # 6. metrics
                             times=(time.perf_counter() - t0, t_gen, t_upd))
 
@@ -581,8 +583,11 @@ class GTPOTrainer:
                         self._log_completions()
                 if give_up:  # the last good checkpoint stays as it is
                     raise TrainingStopped(self._nonfinite_message())
-                if a.report_to and self.global_step % a.logging_steps == 0:
+                if a.report_to and (self.global_step % a.logging_steps == 0
+                                    or (self.global_step == 1 and a.logging_first_step)):
                     acc.log({k: v for k, v in metrics.items() if k != "step"}, step=self.global_step)
+                    if a.log_completions:  # TRL's completions table, to the trackers
+                        log_table(acc, "completions", self.completions_table(), step=self.global_step)
                 bar.update(1)
                 postfix = {"reward": f"{metrics['reward']:.3f}", "entropy": f"{metrics['entropy']:.3f}",
                            "step_s": f"{metrics['step_time']:.2f}"}
@@ -642,10 +647,34 @@ class GTPOTrainer:
             return probe_probabilities(self.unwrapped_model, self.tokenizer, self.probe_texts,
                                        temperature=self.args.resolved_logprob_temperature)
 
+    def _shown_completions(self) -> int:
+        """How many of the last step's completions are logged (``num_completions_to_print``; None: all)."""
+        count, total = self.args.num_completions_to_print, len(self.last_batch.rollout.texts)
+        return total if count is None else min(count, total)
+
+    def completions_table(self) -> dict[str, list]:
+        """The last step's first ``num_completions_to_print`` completions (this process's) as TRL's
+        ``log_completions`` table: ``{column: values}`` with step, prompt (a chat's last message), completion, each
+        reward function's score (None where it did not score), the weighted reward and the advantage."""
+        batch, g, k = self.last_batch, self.args.group_size, self._shown_completions()
+        prompts = self.train_dataset.select(batch.rows)["prompt"]
+        shown = [prompts[i // g] for i in range(k)]
+        table: dict[str, list] = {
+            "step": [self.global_step] * k,
+            "prompt": [p if isinstance(p, str) else p[-1]["content"] for p in shown],
+            "completion": list(batch.rollout.texts[:k]),
+        }
+        per_func = batch.per_func[:k].float().cpu()
+        for j, name in enumerate(self.scorer.names):
+            table[name] = [None if math.isnan(v) else v for v in per_func[:, j].tolist()]
+        table["reward"] = batch.rewards[:k].float().cpu().tolist()
+        table["advantage"] = self.last_advantages[:k].float().cpu().tolist()
+        return table
+
     def _log_completions(self) -> None:
         batch, g = self.last_batch, self.args.group_size
         prompts = self.train_dataset.select(batch.rows)["prompt"]
-        for i in range(min(self.args.num_completions_to_print, len(batch.rollout.texts))):
+        for i in range(self._shown_completions()):
             prompt = prompts[i // g]
             self.run_dir.append("completions.jsonl", {
                 "step": self.global_step, "prompt": prompt if isinstance(prompt, str) else prompt[-1]["content"],

@@ -118,10 +118,13 @@ def check_values(config: Any) -> None:
         if getattr(config, name) < 1:
             raise ValueError(f"GTPOConfig.{name} must be an integer >= 1, got {getattr(config, name)!r}")
     for name in ("save_steps", "log_completions_steps", "overlong_buffer_length", "max_resample_rounds",
-                 "num_completions_to_print", "top_k"):
+                 "top_k"):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"GTPOConfig.{name} must be an integer >= 0, got {value!r}")
+    if config.num_completions_to_print is not None and config.num_completions_to_print < 0:
+        raise ValueError("GTPOConfig.num_completions_to_print must be None (all) or an integer >= 0, got "
+                         f"{config.num_completions_to_print!r}")
     if config.eval_steps is not None and (isinstance(config.eval_steps, bool) or config.eval_steps < 0):
         raise ValueError(f"GTPOConfig.eval_steps must be None or an integer >= 0, got {config.eval_steps!r}")
     for name in ("micro_batch_size", "generation_batch_size", "logprob_chunk_size", "eval_max_new_tokens",

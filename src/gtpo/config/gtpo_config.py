@@ -500,6 +500,21 @@ class GTPOConfig:
     # ------------------------------------------------------------------ logging, saving, evaluation
     logging_steps: int = _f(1, "Metrics are computed every step; trackers receive them every logging_steps.",
         trl="same", verl="engine", resumable=True)
+    logging_first_step: bool = _f(
+        False,
+        "Also log the first step to the trackers (and its completions table with log_completions) when logging_steps "
+        "> 1 (TRL's and transformers' logging_first_step). metrics.jsonl has every step anyway.",
+        trl="same", verl="engine", resumable=True)
+    log_completions: bool = _f(
+        False,
+        "At every logging step (logging_steps, and the first with logging_first_step) send a table of the step's "
+        "completions to the trackers of report_to, as TRL's log_completions does: num_completions_to_print rows "
+        "(this process's first ones) with step, prompt (its last message for a chat), completion, each reward "
+        "function's score, the weighted reward and the advantage; W&B and trackio get a Table named "
+        "'completions', TensorBoard a Markdown text 'completions'. completions.jsonl is written every "
+        "log_completions_steps as before, with or without it. TRL also prints the table with rich; gtpo's trainer "
+        "does not print.",
+        trl="same", verl="engine", resumable=True)
     report_to: list[str] | str = _f(
         "none", "Trackers besides metrics.jsonl: 'tensorboard', 'wandb', 'trackio' (a list or one name), or 'none'.",
         trl="converted", verl="engine", resumable=True,
@@ -508,10 +523,14 @@ class GTPOConfig:
     run_name: str | None = _f(None, "Run name for trackers; default: the output_dir's name.",
         trl="same", verl="engine", resumable=True)
     log_completions_steps: int = _f(
-        10, "Every this many steps, a few sample completions go to completions.jsonl (and trackers). 0 disables.",
+        10, "Every this many steps, num_completions_to_print sample completions go to completions.jsonl. 0 disables "
+        "(trackers get them with log_completions).",
         trl="gtpo_engine", verl="engine", resumable=True,
     )
-    num_completions_to_print: int = _f(4, "How many sample completions are logged each time.",
+    num_completions_to_print: int | None = _f(
+        4,
+        "How many sample completions are logged each time (completions.jsonl, and the log_completions table); None: "
+        "all of the step's (TRL's default).",
         trl="same", verl="engine", resumable=True)
     save_steps: int = _f(50, "Save a checkpoint every this many steps (0: only the final model).",
         trl="converted", verl="engine", resumable=True)
