@@ -353,3 +353,34 @@ def glob_files(root, pattern):
     import glob
 
     return glob.glob(os.path.join(str(root), pattern))
+
+
+# ----------------------------------------------------------------------------------------------- TRL's engine
+def test_trl_engine_carries_the_new_fields_unchanged():
+    pytest.importorskip("trl")
+    from gtpo.config import fields_where
+    from gtpo.integrations.trl import TRLGTPOConfig
+
+    values = dict(num_train_epochs=2.5, lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.2},
+                  eval_on_start=True, logging_first_step=True, log_completions=True, num_completions_to_print=None)
+    assert set(values) - {"lr_scheduler_type"} <= set(fields_where("trl", "same"))
+    args = TRLGTPOConfig.from_gtpo_config(GTPOConfig(max_steps=-1, **values), use_cpu=True)
+    for name, value in values.items():
+        assert getattr(args, name) == value, name
+    assert args.max_steps == -1
+
+
+@pytest.mark.parametrize("fields", [dict(eval_strategy="epoch", num_train_epochs=1.5),
+                                    dict(eval_strategy="steps", eval_steps=2, max_steps=3)])
+def test_both_engines_evaluate_at_the_same_steps(tiny_model_path, tmp_path, fields):
+    """The same YAML on TRL's engine: its Trainer evaluates (eval_* logs) after the same steps as gtpo's engine."""
+    pytest.importorskip("trl")
+    steps = {}
+    for engine in ("gtpo", "trl"):
+        work = tmp_path / engine
+        work.mkdir()
+        path = eval_yaml(work, tiny_model_path, engine=engine, logging_steps=1, **fields)
+        assert main(["train", "--config", path]) == 0
+        records = lines(work / "out" / "metrics.jsonl")
+        steps[engine] = [m["step"] for m in records if any(k.startswith("eval") for k in m)]
+    assert steps["gtpo"] == steps["trl"] == [2, 3]
