@@ -48,8 +48,10 @@ class GTPOConfig:
     num_train_epochs: float = _f(
         3.0,
         "Passes over the training prompts when max_steps is -1 (TRL's and transformers' meaning and default; a "
-        "fraction trains part of the last epoch). Ignored, with a warning, when max_steps is set (> 0), as in TRL.",
-        trl="same", verl="engine")
+        "fraction trains part of the last epoch). Ignored, with a warning, when max_steps is set (> 0), as in TRL. With "
+        "DAPO's dynamic sampling the resampled groups draw further prompts of the epoch, so the prompts cycle faster "
+        "than the steps (TRL has no dynamic sampling).",
+        trl="same", verl="engine", resumable=True)
 
     # ------------------------------------------------------------------ algorithm
     loss_type: str = _f(
