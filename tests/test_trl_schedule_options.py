@@ -384,3 +384,30 @@ def test_both_engines_evaluate_at_the_same_steps(tiny_model_path, tmp_path, fiel
         records = lines(work / "out" / "metrics.jsonl")
         steps[engine] = [m["step"] for m in records if any(k.startswith("eval") for k in m)]
     assert steps["gtpo"] == steps["trl"] == [2, 3]
+
+
+def test_an_epoch_run_resumes_exactly(tiny_model_path, tmp_path):
+    """max_steps -1 over 1.5 epochs of 5 prompts: resumed from checkpoint-2 into a new directory, step 3 takes the
+    same prompts (the sampler's epoch and position) at the same learning rate and ends at the same weights."""
+    from safetensors.torch import load_file
+
+    from gtpo import GTPOTrainer
+    from helpers import digit_reward
+
+    data = [{"prompt": q, "answer": "1"} for q in QUESTIONS]
+    cfg = GTPOConfig(output_dir=str(tmp_path / "a"), group_size=4, prompts_per_step=2, max_steps=-1,
+                     num_train_epochs=1.5, max_completion_length=4, learning_rate=1e-2, save_steps=1,
+                     save_total_limit=None, log_completions_steps=0, disable_tqdm=True, seed=0, entropy_filter=False,
+                     lr_scheduler_type="linear")
+    full = GTPOTrainer(tiny_model_path, [digit_reward], data, args=cfg)
+    full.train()
+    assert full.global_step == 3
+    rows_full = list(full.last_batch.rows)
+    resumed = GTPOTrainer(tiny_model_path, [digit_reward], data, args=cfg.replace(output_dir=str(tmp_path / "b")))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-2"))
+    assert resumed.global_step == 3 and list(resumed.last_batch.rows) == rows_full
+    last = {k: v for k, v in step_records(tmp_path / "a")[-1].items() if "time" not in k and not k.endswith("_s")}
+    again = {k: v for k, v in step_records(tmp_path / "b")[-1].items() if "time" not in k and not k.endswith("_s")}
+    assert again == last
+    weights_a, weights_b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("a", "b"))
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
