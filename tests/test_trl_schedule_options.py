@@ -112,12 +112,12 @@ def test_num_train_epochs_trains_each_prompt_once_per_epoch(tiny_model_path, tmp
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
     sched = get_scheduler("linear", opt, num_warmup_steps=0, num_training_steps=3)
     expected = []
-    for _ in range(3):
+    for _ in range(3):  # the rate each step used (as TRL logs it)
+        expected.append(sched.get_last_lr()[0])
         opt.step()
         sched.step()
-        expected.append(sched.get_last_lr()[0])
     assert [m["learning_rate"] for m in records] == pytest.approx(expected, abs=1e-15)
-    assert records[-1]["learning_rate"] == 0.0  # the schedule reached its end at the last step, not at max_steps 100
+    assert expected == pytest.approx([1e-3, 2e-3 / 3, 1e-3 / 3], abs=1e-15)  # decays over 3 steps, not max_steps 100
     run_config = json.loads((out / "run_config.json").read_text())
     assert (run_config["max_steps"], run_config["num_train_epochs"]) == (-1, 1.5)
 
@@ -153,10 +153,10 @@ def transformers_rates(name: str, steps: int, warmup: int, kwargs: dict, lr: flo
     sched = get_scheduler(name, opt, num_warmup_steps=warmup, num_training_steps=steps,
                           scheduler_specific_kwargs=kwargs)
     rates = []
-    for _ in range(steps):
+    for _ in range(steps):  # the rate each step uses, then the schedule's step
+        rates.append(sched.get_last_lr()[0])
         opt.step()
         sched.step()
-        rates.append(sched.get_last_lr()[0])
     return rates
 
 
@@ -169,7 +169,8 @@ def test_lr_scheduler_kwargs_end_to_end(tiny_model_path, tmp_path):
     assert main(["train", "--config", path]) == 0
     rates = [m["learning_rate"] for m in step_records(tmp_path / "out")]
     assert rates == pytest.approx(transformers_rates("cosine_with_min_lr", 6, 2, kwargs, 1e-3), abs=1e-15)
-    assert rates[-1] == pytest.approx(0.25e-3, abs=1e-15)
+    # golden: after 2 warm-up steps a cosine from the peak to 0.25 x the peak over 4 steps (step 6: 3/4 of the way)
+    assert rates[-1] == pytest.approx(1e-3 * (0.25 + 0.75 * 0.5 * (1 + math.cos(math.pi * 0.75))), abs=1e-15)
     assert rates != pytest.approx(transformers_rates("cosine", 6, 2, {}, 1e-3), abs=1e-9)  # the kwargs mattered
 
 
@@ -411,3 +412,26 @@ def test_an_epoch_run_resumes_exactly(tiny_model_path, tmp_path):
     assert again == last
     weights_a, weights_b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("a", "b"))
     assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+
+
+@pytest.mark.parametrize("engine", ["gtpo", "trl"])
+def test_a_trl_yaml_with_epochs_trains_as_many_steps_on_both_engines(tiny_model_path, tmp_path, monkeypatch, engine):
+    """tests/test_trl_yaml.py's `trl grpo` YAML (8 prompts; TRL's batch: 4 completions x 2 accumulation steps = 2
+    prompts of 4 a step, so 4 steps an epoch) with num_train_epochs 0.75 and no max_steps: 3 steps on each engine."""
+    pytest.importorskip("trl")
+    import sys
+
+    from test_trl_yaml import trl_yaml
+
+    spec = yaml.safe_load(trl_yaml(tmp_path, tiny_model_path).read_text())
+    spec.pop("max_steps")
+    spec.update(num_train_epochs=0.75, save_steps=0, lr_scheduler_type="linear")
+    path = tmp_path / "epochs.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)
+    assert main(["train", "--config", str(path), "--engine", engine]) == 0
+    records = step_records(tmp_path / "out")
+    assert [m["step"] for m in records] == [1, 2, 3]
+    # the same schedule logged the same way: the rate of each step, linear over the 3 steps
+    assert [m["learning_rate"] for m in records] == pytest.approx([1e-5, 2e-5 / 3, 1e-5 / 3], rel=1e-6)

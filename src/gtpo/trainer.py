@@ -183,6 +183,7 @@ class GTPOTrainer:
         self.no_signal = NoSignalCounter()  # steps without gradient signal, by reason
         self.last_batch: ScoredBatch | None = None
         self.last_advantages: torch.Tensor | None = None  # (N,) this process's advantages of last_batch
+        self.step_learning_rate: float | None = None  # the learning rate the last step's updates used
         self._stop_signal: int | None = None
         self.stopped_early: str | None = None  # the checkpoint written when a signal stopped train()
         self.stopped_by: str | None = None     # the signal's name
@@ -272,6 +273,7 @@ class GTPOTrainer:
         t1 = time.perf_counter()
         result = self.update(batch.rollout, advantages, inputs)                # 5. update
         t_upd = time.perf_counter() - t1
+        self.step_learning_rate = float(self.scheduler.get_last_lr()[0])  # the rate this step's updates used (TRL's)
         self.scheduler.step()  # the schedule follows the step count, skipped steps included
         self.global_step += 1
         self._count_skips(result.skipped_updates)

@@ -60,7 +60,7 @@ def step_metrics(trainer, batch, all_rewards: torch.Tensor, inputs: UpdateInputs
         "completions/max_length": float(acc.reduce(lengths.max().to(dev), "max")),
         "completions/min_length": -float(acc.reduce(-lengths.min().to(dev), "max")),
         "grad_norm": float(grad_norm) if torch.isfinite(grad_norm) else float("nan"),
-        "learning_rate": float(trainer.scheduler.get_last_lr()[0]),
+        "learning_rate": trainer.step_learning_rate,  # the step's own rate, as TRL logs it (not the next step's)
         "gtpo/skipped_steps": float(trainer.skipped_steps),
         "gtpo/skipped_updates": float(trainer.skipped_updates),
         "gtpo/no_signal_steps": float(trainer.no_signal.total),
