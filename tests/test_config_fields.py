@@ -159,6 +159,6 @@ def test_a_choice_field_is_validated_from_its_declaration_alone():
     assert err.value.field == "new_choice"
     assert {f.name: f.metadata["choices"] for f in dataclasses.fields(GTPOConfig)
             if f.metadata["choices"] is not None} == FIELD_CHOICES
-    assert FIELD_CHOICES["save_dtype"] == ("auto", "float32") and len(FIELD_CHOICES) == 20
+    assert FIELD_CHOICES["save_dtype"] == ("auto", "float32") and len(FIELD_CHOICES) == 22
     assert FIELD_CHOICES["save_strategy"] == ("no", "steps", "epoch", "best")
     assert FIELD_CHOICES["hub_strategy"] == ("every_save", "end", "checkpoint", "all_checkpoints")

@@ -151,8 +151,14 @@ def test_config_errors_name_the_field():
 
 
 def test_unknown_scheduler_is_named(tiny_model_path, tmp_path):
-    with pytest.raises(ValueError, match=r"GTPOConfig.lr_scheduler_type='cosine_forever' cannot be used"):
-        GTPOTrainer(tiny_model_path, digit_reward, rows(), args=config(tmp_path, lr_scheduler_type="cosine_forever"))
+    with pytest.raises(ValueError, match=r"GTPOConfig.lr_scheduler_type must be one of \['linear', 'cosine', .*"
+                                         r"\(transformers' SchedulerType; .*got 'cosine_forever'"):
+        config(tmp_path, lr_scheduler_type="cosine_forever")
+    # a schedule keyword transformers refuses: named when the trainer is built, before the model loads
+    with pytest.raises(ValueError, match=r"GTPOConfig.lr_scheduler_type='linear' with lr_scheduler_kwargs="
+                                         r"\{'num_cycles': 2\} cannot be used"):
+        GTPOTrainer(str(tmp_path / "no-model"), digit_reward, rows(),
+                    args=config(tmp_path, lr_scheduler_type="linear", lr_scheduler_kwargs={"num_cycles": 2}))
 
 
 @pytest.mark.parametrize("spec, message", [

@@ -49,9 +49,9 @@ def test_epoch_checkpoints_follow_the_epoch_length(tiny_model_path, tmp_path):
     cfg = tiny_config(tmp_path, max_steps=4, save_strategy="epoch", save_total_limit=None, entropy_filter=False)
     trainer = GTPOTrainer(tiny_model_path, [digit_reward], rows(7), args=cfg)
     assert trainer.steps_per_epoch == 3
-    assert [s for s in range(1, 7) if trainer.saves_at(s)] == [3, 6]
+    assert [s for s in range(1, 7) if trainer.saves_at(s)] == [3, 4, 6]  # 4: the last step
     trainer.train()
-    assert steps_of(cfg.output_dir) == [3]
+    assert steps_of(cfg.output_dir) == [3, 4]
 
 
 def test_save_strategy_best_is_refused_before_the_model_loads(tmp_path, capsys):

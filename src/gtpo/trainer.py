@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import time
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
-from .config import GTPOConfig, check_gtpo_engine, fields_where
+from .config import GTPOConfig, check_gtpo_engine, fields_where, resolved
 from .data.loaders import as_dataset
 from .errors import HubUploadError, TrainingStopped
 from .maths import method
@@ -54,7 +55,7 @@ from .run.diagnostics import NoSignalCounter, policy_change_sums, probe_probabil
 from .run.hub import HubPusher, check_push_to_hub, repo_name
 from .run.signals import install_stop_handlers, restore_handlers, stop_requested
 from .run.step_metrics import step_metrics
-from .run.trackers import check_trackers, start_trackers
+from .run.trackers import check_trackers, log_table, start_trackers
 from .run.update import SamplerStats, UpdateInputs, UpdateResult
 from .sampling.policy import PolicyForward
 from .sampling.rollout import PromptSampler, Rollout, SamplingParams, encode_dataset_prompts, eos_token_ids, generate
@@ -115,6 +116,7 @@ class GTPOTrainer:
             require_vllm("GTPOConfig.use_vllm")
         check_trackers(args.report_to, where="GTPOConfig.report_to")  # a missing tracker would log nothing
         setup.apply_tf32(args)  # before the model loads: tf32 true without a TF32 GPU is refused here
+        setup.check_scheduler(args)  # lr_scheduler_type / lr_scheduler_kwargs that transformers refuses
         # bf16 autocast is the policy's own (PolicyForward, sampling): accelerate's mixed precision stays off,
         # whatever the launcher says (a conflicting setting is named in a warning once the dtype is known)
         self.accelerator = acc = setup.accelerator_without_mixed_precision(
@@ -153,10 +155,19 @@ class GTPOTrainer:
         self.eval_dataset = None if eval_dataset is None else as_dataset(eval_dataset, "eval_dataset")
         self.eval_reward_func = eval_reward_func
         self.probe_texts = probe_texts or {}
-        self.sampler = PromptSampler(len(self.train_dataset), args.seed)
         #: rollout steps in one pass over the training prompts (TRL's epoch: the prompts of a step are
         #: prompts_per_step whole groups, an incomplete last batch does not make a step)
         self.steps_per_epoch = max(1, len(self.train_dataset) // args.prompts_per_step)
+        epochs = args.max_steps < 0  # num_train_epochs decides: an epoch drops its incomplete tail, as TRL's
+        if epochs and len(self.train_dataset) < args.prompts_per_step:
+            raise ValueError(f"GTPOConfig.max_steps=-1 trains num_train_epochs epochs, but the training set has "
+                             f"{len(self.train_dataset)} prompts, fewer than one step's prompts_per_step "
+                             f"({args.prompts_per_step}): an epoch would have no step. Lower prompts_per_step or set "
+                             "max_steps")
+        self.sampler = PromptSampler(len(self.train_dataset), args.seed,
+                                     batch_size=args.prompts_per_step if epochs else None)
+        #: the steps this run trains (``max_steps``, or with -1 ``ceil(num_train_epochs * steps_per_epoch)``)
+        self.max_steps = args.total_steps(self.steps_per_epoch)
 
         # optimisation (gtpo.run.build: optim, lr_scheduler_type)
         compile_options = setup.compile_options(args)
@@ -164,7 +175,7 @@ class GTPOTrainer:
                                     compile=compile_options)
         self.optimizer = setup.build_optimizer([p for p in self.policy.parameters() if p.requires_grad], args,
                                                acc.device)
-        self.scheduler = setup.build_scheduler(self.optimizer, args)
+        self.scheduler = setup.build_scheduler(self.optimizer, args, num_training_steps=self.max_steps)
         self.policy, self.optimizer = acc.prepare(self.policy, self.optimizer)
         self.ref_policy = None
         if ref_model is not None:
@@ -182,6 +193,8 @@ class GTPOTrainer:
         self.num_tokens = 0           # prompt and completion tokens trained on so far, all processes (TRL's metric)
         self.no_signal = NoSignalCounter()  # steps without gradient signal, by reason
         self.last_batch: ScoredBatch | None = None
+        self.last_advantages: torch.Tensor | None = None  # (N,) this process's advantages of last_batch
+        self.step_learning_rate: float | None = None  # the learning rate the last step's updates used
         self._stop_signal: int | None = None
         self.stopped_early: str | None = None  # the checkpoint written when a signal stopped train()
         self.stopped_by: str | None = None     # the signal's name
@@ -278,7 +291,7 @@ class GTPOTrainer:
         no_signal = self.no_signal.record(
             self.global_step, acc.reduce(result.signal, "sum"), skipped=result.skipped_updates > 0,
             seq_entropy=result.seq_entropy, mask=inputs.mask, threshold=a.entropy_threshold, temperature=a.temperature)
-        self.last_batch = batch
+        self.last_batch, self.last_advantages = batch, advantages
         metrics = step_metrics(self, batch, all_rewards, inputs, result, stats, no_signal,    # 6. metrics
                                times=(time.perf_counter() - t0, t_gen, t_upd), learning_rate=learning_rate)
         self.num_tokens = int(metrics["num_tokens"])
@@ -530,7 +543,8 @@ class GTPOTrainer:
 
     # ================================================================== the loop
     def train(self, resume_from_checkpoint: str | bool | None = None) -> dict[str, float]:
-        """Run until ``max_steps`` (or a stop signal); returns the last step's metrics.
+        """Run until ``self.max_steps`` (``max_steps``, or ``num_train_epochs`` epochs with -1) or a stop signal;
+        returns the last step's metrics.
 
         Fault tolerance (docs/fault-tolerance.md): checkpoints are atomic, resume is exact;
         SIGTERM/SIGINT finish the current step, save a checkpoint and return with
@@ -559,18 +573,24 @@ class GTPOTrainer:
         if a.push_to_hub:
             self._create_hub_repo()
         previous = install_stop_handlers(self._on_stop_signal)
-        bar = tqdm(total=a.max_steps, initial=self.global_step, disable=a.disable_tqdm or not acc.is_main_process,
+        bar = tqdm(total=self.max_steps, initial=self.global_step, disable=a.disable_tqdm or not acc.is_main_process,
                    desc=f"{a.loss_type} training", dynamic_ncols=True)
         metrics: dict[str, float] = {}
         last_saved = self.global_step if resume is not None else -1
         try:
-            if self.probe_texts and self.global_step == 0 and acc.is_main_process:
-                run_dir.append("metrics.jsonl", {"step": 0, **self._probe()})
-            while self.global_step < a.max_steps:
+            if self.global_step == 0:  # step 0: TRL's eval_on_start (before the first step), the probes
+                start = self.evaluate() if a.eval_on_start and self.eval_dataset is not None else {}
+                if start and a.report_to:
+                    acc.log(start, step=0)
+                if self.probe_texts and acc.is_main_process:
+                    start = {**start, **self._probe()}
+                if start and acc.is_main_process:
+                    run_dir.append("metrics.jsonl", {"step": 0, **start})
+            while self.global_step < self.max_steps:
                 metrics = self.step()
                 give_up = self.consecutive_skips >= a.max_consecutive_skips
                 if not give_up:
-                    if self.eval_dataset is not None and a.eval_steps and self.global_step % a.eval_steps == 0:
+                    if self.evaluates_at(self.global_step):
                         metrics.update(self.evaluate())
                     if self.probe_texts:
                         metrics.update(self._probe())
@@ -580,8 +600,11 @@ class GTPOTrainer:
                         self._log_completions()
                 if give_up:  # the last good checkpoint stays as it is
                     raise TrainingStopped(self._nonfinite_message())
-                if a.report_to and self.global_step % a.logging_steps == 0:
+                if a.report_to and (self.global_step % a.logging_steps == 0
+                                    or (self.global_step == 1 and a.logging_first_step)):
                     acc.log({k: v for k, v in metrics.items() if k != "step"}, step=self.global_step)
+                    if a.log_completions:  # TRL's completions table, to the trackers
+                        log_table(acc, "completions", self.completions_table(), step=self.global_step)
                 bar.update(1)
                 postfix = {"reward": f"{metrics['reward']:.3f}", "entropy": f"{metrics['entropy']:.3f}",
                            "step_s": f"{metrics['step_time']:.2f}"}
@@ -591,7 +614,7 @@ class GTPOTrainer:
                 if self.saves_at(self.global_step):
                     self.push_checkpoint(self.save_checkpoint())
                     last_saved = self.global_step
-                if self.global_step < a.max_steps and stop_requested(self._stop_signal is not None, acc):
+                if self.global_step < self.max_steps and stop_requested(self._stop_signal is not None, acc):
                     if last_saved != self.global_step or a.save_only_model:  # a stop checkpoint is resumable
                         self.save_checkpoint(model_only=False)
                     self.stopped_early = os.path.join(a.output_dir, f"checkpoint-{self.global_step}")
@@ -599,7 +622,7 @@ class GTPOTrainer:
                                        else "a signal to another process")
                     logger.warning("stopped by %s after step %d of %d; checkpoint saved in %s. Resume with "
                                    "resume_from_checkpoint=True (gtpo train ... --resume_from_checkpoint true)",
-                                   self.stopped_by, self.global_step, a.max_steps, self.stopped_early)
+                                   self.stopped_by, self.global_step, self.max_steps, self.stopped_early)
                     return metrics
             self.save_model()
             if self.hub is not None:
@@ -620,9 +643,9 @@ class GTPOTrainer:
         says)."""
         a = self.args
         if a.save_strategy == "steps":
-            return bool(a.save_steps) and (step % a.save_steps == 0 or step == a.max_steps)
+            return bool(a.save_steps) and (step % a.save_steps == 0 or step == self.max_steps)
         if a.save_strategy == "epoch":
-            return step % self.steps_per_epoch == 0 or step == a.max_steps
+            return step % self.steps_per_epoch == 0 or step == self.max_steps
         return False
 
     def _create_hub_repo(self) -> None:
@@ -651,6 +674,20 @@ class GTPOTrainer:
         if self.hub is not None:
             self.hub.push_checkpoint(path, step=self.global_step, epoch=self.global_step // self.steps_per_epoch)
 
+    def evaluates_at(self, step: int) -> bool:
+        """Whether the eval dataset is evaluated after ``step`` (transformers' rule for ``eval_strategy``): 'steps'
+        every ``eval_steps`` (None/0: ``logging_steps``) and at the last step; 'epoch' at the end of every epoch
+        (``steps_per_epoch`` steps) and at the last step (the end of a partial last epoch); never without an eval
+        dataset."""
+        if self.eval_dataset is None:
+            return False
+        strategy = self.args.resolved_eval_strategy
+        if strategy == "steps":
+            return step % self.args.resolved_eval_steps == 0 or step == self.max_steps
+        if strategy == "epoch":
+            return step % self.steps_per_epoch == 0 or step == self.max_steps
+        return False
+
     def evaluate(self) -> dict[str, float]:
         """Evaluate on ``eval_dataset``; returns ``eval/*`` metrics."""
         from .evaluation.api import evaluate_during_training
@@ -660,7 +697,7 @@ class GTPOTrainer:
         with self.precision.context(self.accelerator.device):
             return evaluate_during_training(
                 self.unwrapped_model, self.tokenizer, self.eval_dataset, sampling=SamplingParams.for_evaluation(a),
-                n=a.eval_num_samples, k_list=a.eval_k, batch_size=a.generation_chunk_size or 64,
+                n=a.eval_num_samples, k_list=a.eval_k, batch_size=resolved(a, "per_device_eval_batch_size"),
                 scoring=ScoringOptions(reward_fn=self.eval_reward_func), engine=self.vllm_engine, merge_lora=a.merge_lora_for_sampling,
             )
 
@@ -669,10 +706,34 @@ class GTPOTrainer:
             return probe_probabilities(self.unwrapped_model, self.tokenizer, self.probe_texts,
                                        temperature=self.args.resolved_logprob_temperature)
 
+    def _shown_completions(self) -> int:
+        """How many of the last step's completions are logged (``num_completions_to_print``; None: all)."""
+        count, total = self.args.num_completions_to_print, len(self.last_batch.rollout.texts)
+        return total if count is None else min(count, total)
+
+    def completions_table(self) -> dict[str, list]:
+        """The last step's first ``num_completions_to_print`` completions (this process's) as TRL's
+        ``log_completions`` table: ``{column: values}`` with step, prompt (a chat's last message), completion, each
+        reward function's score (None where it did not score), the weighted reward and the advantage."""
+        batch, g, k = self.last_batch, self.args.group_size, self._shown_completions()
+        prompts = self.train_dataset.select(batch.rows)["prompt"]
+        shown = [prompts[i // g] for i in range(k)]
+        table: dict[str, list] = {
+            "step": [self.global_step] * k,
+            "prompt": [p if isinstance(p, str) else p[-1]["content"] for p in shown],
+            "completion": list(batch.rollout.texts[:k]),
+        }
+        per_func = batch.per_func[:k].float().cpu()
+        for j, name in enumerate(self.scorer.names):
+            table[name] = [None if math.isnan(v) else v for v in per_func[:, j].tolist()]
+        table["reward"] = batch.rewards[:k].float().cpu().tolist()
+        table["advantage"] = self.last_advantages[:k].float().cpu().tolist()
+        return table
+
     def _log_completions(self) -> None:
         batch, g = self.last_batch, self.args.group_size
         prompts = self.train_dataset.select(batch.rows)["prompt"]
-        for i in range(min(self.args.num_completions_to_print, len(batch.rollout.texts))):
+        for i in range(self._shown_completions()):
             prompt = prompts[i // g]
             self.run_dir.append("completions.jsonl", {
                 "step": self.global_step, "prompt": prompt if isinstance(prompt, str) else prompt[-1]["content"],

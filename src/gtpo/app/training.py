@@ -42,6 +42,14 @@ def _check_runnable(run: RunSpec, config: GTPOConfig, *, source: str, options) -
     if run.engine == "gtpo":
         _refuse_on_gtpo_engine(config, source=source, options=options)
     _check_speed_switches(config, source=source, options=options)
+    if run.engine == "gtpo":  # transformers refuses a schedule's keywords when it is built: before the model loads
+        from ..run.build import check_scheduler
+
+        try:
+            check_scheduler(config)
+        except ValueError as err:
+            key = "lr_scheduler_kwargs" if config.lr_scheduler_kwargs else "lr_scheduler_type"
+            raise ConfigError(f"{where_of(options, key, source)}: {err}") from None
     if config.use_vllm and run.engine == "gtpo":
         from ..sampling.vllm_engine import VLLM_INSTALL_HINT, vllm_available, vllm_server_refusal
 
@@ -202,7 +210,8 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
         raise
     if getattr(trainer, "stopped_early", None):
         if state.is_main_process:
-            print(f"training stopped by {trainer.stopped_by} after step {trainer.global_step} of {config.max_steps}; "
+            print(f"training stopped by {trainer.stopped_by} after step {trainer.global_step} of "
+                  f"{getattr(trainer, 'max_steps', config.max_steps)}; "
                   f"checkpoint: {trainer.stopped_early}\nresume with: {again}", flush=True)
         return 0
     after = _accuracy_on_trainer("after", trainer, inputs, tokenizer, hooks)

@@ -7,7 +7,8 @@ spec's keys, the same way for both engines.
 ``model_revision``, ``dtype``), ``GRPOConfig`` and the dataset mixture. :func:`apply_trl_names` rewrites the first
 two into gtpo's run keys (``model``, ``dataset``, ``eval_dataset``, ``reward_funcs``, ``peft``,
 ``model_init_kwargs``), with TRL's meaning (e.g. the LoRA settings apply only with ``use_peft: true``; the test
-split is the evaluation set only when ``eval_strategy`` is not ``no``). ``num_generations`` is
+split is the evaluation set only when ``eval_strategy`` is not ``no``); a spec that sets ``num_train_epochs`` but not
+``max_steps`` gets ``max_steps: -1``, TRL's default, so that the epochs decide as in ``trl grpo``. ``num_generations`` is
 :class:`gtpo.GTPOConfig`'s own alias of ``group_size``. On gtpo's engine TRL's batch fields
 (``per_device_train_batch_size``, ``gradient_accumulation_steps``, ``steps_per_generation``) become the same batch in
 gtpo's terms (:func:`_trl_batch_on_gtpo_engine`); the other ``GRPOConfig`` options exist only on TRL's engine
@@ -38,7 +39,7 @@ TRL_MODEL_KEYS = ("model_name_or_path", "model_revision", "attn_implementation",
 #: TRL's batch fields, which gtpo's engine maps onto prompts_per_step / micro_batch_size
 TRL_BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation")
 #: every TRL key accepted at the top level of a spec on both engines
-TRL_SPEC_KEYS = TRL_SCRIPT_KEYS + TRL_MODEL_KEYS + ("eval_strategy", "trust_remote_code") + TRL_BATCH_KEYS
+TRL_SPEC_KEYS = TRL_SCRIPT_KEYS + TRL_MODEL_KEYS + ("trust_remote_code",) + TRL_BATCH_KEYS
 
 #: what each TRL key this module maps becomes on gtpo's engine (the TRL-YAML table of docs/trl-yaml.md)
 TRL_MAPPED_TO = {
@@ -79,6 +80,8 @@ def apply_trl_names(spec: dict[str, Any], *, engine: str, where: Callable[[str],
         ConfigError: a key given under both names with different values, a dataset mixture (``datasets``) or
             streaming, TRL's batch fields on gtpo's engine where they have no exact equivalent.
     """
+    if "num_train_epochs" in spec and "max_steps" not in spec:  # TRL's default max_steps -1: the epochs count
+        spec = {**spec, "max_steps": -1}
     if not any(key in spec for key in TRL_SPEC_KEYS + ("generation_batch_size",)):
         return spec
     spec = dict(spec)
@@ -161,19 +164,14 @@ def _peft(spec: dict[str, Any], take, put) -> None:
 
 def _datasets(spec: dict[str, Any], take, put, engine: str) -> None:
     """``dataset_name`` (+ ``dataset_config``, ``dataset_train_split``) -> ``dataset``; ``dataset_test_split`` ->
-    ``eval_dataset`` when ``eval_strategy`` is not ``no`` (TRL's rule; its default is ``no``)."""
+    ``eval_dataset`` when ``eval_strategy`` is not ``no`` (TRL's rule). ``eval_strategy`` is a GTPOConfig field on both
+    engines; a TRL YAML (one with ``dataset_name``) that leaves it unset gets TRL's default ``no`` (so ``eval_steps``
+    alone evaluates nothing, as in ``trl grpo``), where a gtpo YAML's unset ``eval_strategy`` follows ``eval_steps``."""
     name, config = take("dataset_name"), take("dataset_config")
     train_split, test_split = take("dataset_train_split", "train"), take("dataset_test_split", "test")
-    strategy = spec.get("eval_strategy", "no")
-    if engine == "gtpo":
-        strategy = take("eval_strategy", "no")
-        if strategy not in ("no", "steps"):
-            raise ConfigError(f"eval_strategy: gtpo's trainer evaluates every eval_steps ('steps') or not at all "
-                              f"('no'), got {strategy!r}")
-        if strategy == "no" and spec.get("eval_steps"):
-            spec["eval_steps"] = 0  # TRL evaluates only when eval_strategy says so
     if name is None:
         return
+    strategy = spec.setdefault("eval_strategy", "no")  # TRL's default, in a YAML written for trl grpo
     dataset = {"name": name, "split": train_split, **({"config": config} if config else {})}
     put("dataset", dataset, "dataset_name")
     if strategy != "no" and "eval_dataset" not in spec:

@@ -47,10 +47,11 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
     run, config, eval_dataset, model = inputs.run, inputs.config, inputs.eval_dataset, inputs.model
     state = PartialState()
     options = dict(run.trl)
-    evaluating = eval_dataset is not None and config.eval_steps > 0
-    if not evaluating:
+    evaluating = eval_dataset is not None and (config.resolved_eval_strategy != "no" or config.eval_on_start)
+    if not evaluating:  # TRL refuses an evaluation without an eval dataset; gtpo's engine evaluates nothing then
         options.setdefault("eval_strategy", "no")
-    else:
+        options.setdefault("eval_on_start", False)
+    elif config.per_device_eval_batch_size is None:  # TRL's evaluation batch must hold whole groups
         options.setdefault("per_device_eval_batch_size", config.group_size)
     if state.device.type == "cpu":  # no pinned memory without an accelerator (torch warns on every step)
         options.setdefault("dataloader_pin_memory", False)

@@ -8,12 +8,15 @@ This module imports nothing from torch or the rest of the package.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
 from typing import Any
 
 from ..errors import ConfigValueError
 from .declarations import field_annotation, type_problem
+
+logger = logging.getLogger("gtpo")
 
 
 def settle(config: Any) -> None:
@@ -55,6 +58,11 @@ def settle(config: Any) -> None:
             raise ConfigValueError(f"{err} (given as num_generations, TRL's name of group_size)",
                                    "num_generations") from None
         raise
+    epochs_default = type(config).__dataclass_fields__["num_train_epochs"].default
+    if config.max_steps > 0 and config.num_train_epochs != epochs_default:
+        logger.warning("GTPOConfig: num_train_epochs=%s is not used: max_steps=%d decides the length of the run "
+                       "(as in TRL); set max_steps=-1 to train num_train_epochs epochs", config.num_train_epochs,
+                       config.max_steps)
     for f in dataclasses.fields(config):  # an int given for a float field is stored as a float
         value = getattr(config, f.name)
         if field_annotation(f) in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
@@ -111,19 +119,30 @@ def check_values(config: Any) -> None:
             f"GTPOConfig.group_size must be an integer >= 2 (advantages are relative to the group), "
             f"got {config.group_size!r}"
         )
-    for name in ("prompts_per_step", "max_steps", "num_iterations", "max_prompt_length", "max_completion_length"):
+    if isinstance(config.max_steps, bool) or not isinstance(config.max_steps, int) or \
+            (config.max_steps < 1 and config.max_steps != -1):
+        raise ValueError(f"GTPOConfig.max_steps must be an integer >= 1, or -1 (num_train_epochs decides, as in TRL), "
+                         f"got {config.max_steps!r}")
+    at_least("num_train_epochs", 0.0, strict=True)
+    for name in ("prompts_per_step", "num_iterations", "max_prompt_length", "max_completion_length"):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"GTPOConfig.{name} must be an integer >= 1, got {value!r}")
     for name in ("logging_steps", "eval_num_samples", "max_consecutive_skips"):
         if getattr(config, name) < 1:
             raise ValueError(f"GTPOConfig.{name} must be an integer >= 1, got {getattr(config, name)!r}")
-    for name in ("save_steps", "eval_steps", "log_completions_steps", "overlong_buffer_length", "max_resample_rounds",
-                 "num_completions_to_print", "top_k"):
+    for name in ("save_steps", "log_completions_steps", "overlong_buffer_length", "max_resample_rounds",
+                 "top_k"):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"GTPOConfig.{name} must be an integer >= 0, got {value!r}")
-    for name in ("micro_batch_size", "generation_chunk_size", "logprob_chunk_size", "eval_max_new_tokens"):
+    if config.num_completions_to_print is not None and config.num_completions_to_print < 0:
+        raise ValueError("GTPOConfig.num_completions_to_print must be None (all) or an integer >= 0, got "
+                         f"{config.num_completions_to_print!r}")
+    if config.eval_steps is not None and (isinstance(config.eval_steps, bool) or config.eval_steps < 0):
+        raise ValueError(f"GTPOConfig.eval_steps must be None or an integer >= 0, got {config.eval_steps!r}")
+    for name in ("micro_batch_size", "generation_chunk_size", "logprob_chunk_size", "eval_max_new_tokens",
+                 "per_device_eval_batch_size"):
         value = getattr(config, name)
         if value is not None and value < 1:
             raise ValueError(f"GTPOConfig.{name} must be None or an integer >= 1, got {value!r}")
@@ -179,6 +198,10 @@ def check_values(config: Any) -> None:
         raise ValueError(f"GTPOConfig.reward_weights must be a list of finite numbers, got {config.reward_weights!r}")
     _check_model_init_kwargs(config.model_init_kwargs)
     _check_checkpointing_kwargs(config.gradient_checkpointing_kwargs)
+    kwargs = config.lr_scheduler_kwargs
+    if kwargs is not None and (not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs)):
+        raise ValueError("GTPOConfig.lr_scheduler_kwargs must be a mapping of the schedule's keyword arguments (e.g. "
+                         f"{{min_lr_rate: 0.1}} for cosine_with_min_lr), got {kwargs!r}")
     check_precision(config)
     if not config.eval_k or any((not isinstance(k, int)) or k < 1 for k in config.eval_k):
         raise ValueError(f"GTPOConfig.eval_k must be a non-empty list of integers >= 1, got {config.eval_k!r}")

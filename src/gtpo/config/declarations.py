@@ -33,6 +33,13 @@ SAVE_DTYPES = ("auto", "float32")
 SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
 HUB_STRATEGIES = ("every_save", "end", "checkpoint", "all_checkpoints")
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adamw_8bit", "paged_adamw_8bit")
+#: transformers' SchedulerType names that gtpo's trainer runs (every one but 'reduce_lr_on_plateau' and 'greedy', whose
+#: step() takes an evaluation metric; tests/test_trl_schedule_options.py checks this list against transformers')
+LR_SCHEDULER_TYPES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                      "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay")
+#: transformers' SchedulerType names refused (their schedule steps on an evaluation metric, not on the step count)
+METRIC_LR_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
+EVAL_STRATEGIES = ("no", "steps", "epoch")
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 #: TRL's vllm_mode values (gtpo's trainer runs "colocate"; "server" is TRL's engine's)
 VLLM_MODES = ("colocate", "server")

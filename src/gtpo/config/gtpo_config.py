@@ -16,9 +16,10 @@ from typing import Any, ClassVar, Mapping
 from .presets import PRESETS as _PRESETS, apply_preset as _apply_preset, preset_values as _preset_values
 from .checks import check, settle
 from .declarations import (_FACTS, AGGREGATIONS, COMPLETION_REDUCTIONS, COMPLETION_SIGNS, CONFLICT_COMBINE, CONFLICT_COUNT,
-                           DEFAULT_AGGREGATION, ENTROPY_RULES, FILTER_SCOPES, GAMMA_GROUPS, GTPO_GAMMA, HUB_STRATEGIES, LOSS_TYPES,
-                           OPTIMIZERS, REPORT_TARGETS, RUN_DTYPES, SAVE_DTYPES, SAVE_STRATEGIES, SCALE_REWARDS,
-                           TORCH_COMPILE_MODES, VLLM_DTYPES, VLLM_IS_MODES, VLLM_MODES,
+                           DEFAULT_AGGREGATION, ENTROPY_RULES, EVAL_STRATEGIES, FILTER_SCOPES, GAMMA_GROUPS, GTPO_GAMMA,
+                           HUB_STRATEGIES, LOSS_TYPES, LR_SCHEDULER_TYPES, OPTIMIZERS, REPORT_TARGETS, RUN_DTYPES,
+                           SAVE_DTYPES, SAVE_STRATEGIES, SCALE_REWARDS, TORCH_COMPILE_MODES, VLLM_DTYPES, VLLM_IS_MODES,
+                           VLLM_MODES,
                            _f)
 
 
@@ -37,8 +38,22 @@ class GTPOConfig:
     )
     seed: int = _f(42, "Seed of every random number generator (data order, sampling, initialisation). [C] uses 3407.",
         trl="same", verl="engine")
-    max_steps: int = _f(100, "Number of optimisation steps (one rollout batch each, times num_iterations updates).",
+    max_steps: int = _f(
+        100,
+        "Number of optimisation steps (one rollout batch each, times num_iterations updates). -1: num_train_epochs "
+        "decides (TRL's meaning of max_steps -1, its default): ceil(num_train_epochs * steps per epoch) steps, a step "
+        "per prompts_per_step training prompts and the incomplete last batch of each epoch dropped, so an epoch "
+        "sees each prompt at most once (TRL's RepeatSampler drops it too: the same number of optimizer steps as "
+        "trl grpo with num_iterations 1). In a YAML, setting num_train_epochs without max_steps means -1, as in "
+        "trl grpo. TRL's engine: times num_iterations (its optimizer steps), -1 passed as it is.",
         trl="converted", verl="engine", resumable=True)
+    num_train_epochs: float = _f(
+        3.0,
+        "Passes over the training prompts when max_steps is -1 (TRL's and transformers' meaning and default; a "
+        "fraction trains part of the last epoch). Ignored, with a warning, when max_steps is set (> 0), as in TRL. With "
+        "DAPO's dynamic sampling the resampled groups draw further prompts of the epoch, so the prompts cycle faster "
+        "than the steps (TRL has no dynamic sampling).",
+        trl="same", verl="engine", resumable=True)
 
     # ------------------------------------------------------------------ algorithm
     loss_type: str = _f(
@@ -391,8 +406,27 @@ class GTPOConfig:
 
     # ------------------------------------------------------------------ optimisation
     learning_rate: float = _f(1e-6, "Peak learning rate of AdamW. [C] 1e-6 (LoRA r=128).", trl="same", verl="engine")
-    lr_scheduler_type: str = _f("cosine", "Any transformers scheduler name ('cosine', 'linear', 'constant', ...). [C] cosine.",
-        trl="same", verl="engine")
+    lr_scheduler_type: str = _f(
+        "cosine",
+        "Learning-rate schedule over the run's steps, by transformers' name (TrainingArguments.lr_scheduler_type, "
+        "built with transformers.get_scheduler as TRL builds it): 'cosine', 'linear', 'constant', "
+        "'cosine_with_min_lr', 'warmup_stable_decay', ... (every transformers SchedulerType but 'reduce_lr_on_plateau' "
+        "and 'greedy', which step on an evaluation metric while gtpo's trainer steps the schedule once per training "
+        "step). [C] cosine; TRL's default is linear.",
+        trl="same", verl="engine",
+        choices=LR_SCHEDULER_TYPES,
+        choices_note="transformers' SchedulerType; 'reduce_lr_on_plateau' and 'greedy' step on an evaluation metric, "
+                     "which gtpo's trainer does not schedule on",
+    )
+    lr_scheduler_kwargs: dict[str, Any] | None = _f(
+        None,
+        "Extra keyword arguments of the schedule (TRL's and transformers' lr_scheduler_kwargs, passed to "
+        "transformers.get_scheduler as scheduler_specific_kwargs), e.g. {min_lr_rate: 0.1} for "
+        "cosine_with_min_lr, {num_cycles: 2} for cosine_with_restarts, {power: 2.0} for polynomial, "
+        "{num_decay_steps: 20} for warmup_stable_decay. A keyword the schedule does not take is an error before "
+        "the model loads. 'constant' and 'constant_with_warmup' take none (transformers ignores them).",
+        trl="same", verl="engine",
+    )
     warmup_ratio: float = _f(0.0, "Fraction of max_steps used for linear warm-up. [C] 0.005.",
         trl="renamed", trl_name="warmup_steps", verl="engine")
     warmup_steps: float = _f(
@@ -542,6 +576,21 @@ class GTPOConfig:
     # ------------------------------------------------------------------ logging, saving, evaluation
     logging_steps: int = _f(1, "Metrics are computed every step; trackers receive them every logging_steps.",
         trl="same", verl="engine", resumable=True)
+    logging_first_step: bool = _f(
+        False,
+        "Also log the first step to the trackers (and its completions table with log_completions) when logging_steps "
+        "> 1 (TRL's and transformers' logging_first_step). metrics.jsonl has every step anyway.",
+        trl="same", verl="engine", resumable=True)
+    log_completions: bool = _f(
+        False,
+        "At every logging step (logging_steps, and the first with logging_first_step) send a table of the step's "
+        "completions to the trackers of report_to, as TRL's log_completions does: num_completions_to_print rows "
+        "(this process's first ones) with step, prompt (its last message for a chat), completion, each reward "
+        "function's score, the weighted reward and the advantage; W&B and trackio get a Table named "
+        "'completions', TensorBoard a Markdown text 'completions'. completions.jsonl is written every "
+        "log_completions_steps as before, with or without it. TRL also prints the table with rich; gtpo's trainer "
+        "does not print.",
+        trl="same", verl="engine", resumable=True)
     report_to: list[str] | str = _f(
         "none", "Trackers besides metrics.jsonl: 'tensorboard', 'wandb', 'trackio' (a list or one name), or 'none'.",
         trl="converted", verl="engine", resumable=True,
@@ -550,10 +599,14 @@ class GTPOConfig:
     run_name: str | None = _f(None, "Run name for trackers; default: the output_dir's name.",
         trl="same", verl="engine", resumable=True)
     log_completions_steps: int = _f(
-        10, "Every this many steps, a few sample completions go to completions.jsonl (and trackers). 0 disables.",
+        10, "Every this many steps, num_completions_to_print sample completions go to completions.jsonl. 0 disables "
+        "(trackers get them with log_completions).",
         trl="gtpo_engine", verl="engine", resumable=True,
     )
-    num_completions_to_print: int = _f(4, "How many sample completions are logged each time.",
+    num_completions_to_print: int | None = _f(
+        4,
+        "How many sample completions are logged each time (completions.jsonl, and the log_completions table); None: "
+        "all of the step's (TRL's default).",
         trl="same", verl="engine", resumable=True)
     save_strategy: str = _f(
         "steps",
@@ -589,8 +642,42 @@ class GTPOConfig:
         trl="gtpo_engine", verl="engine", resumable=True,
         choices=SAVE_DTYPES, choices_note="'auto': the run's dtype",
     )
-    eval_steps: int = _f(0, "Evaluate on the eval dataset every this many steps (0 disables).",
-        trl="converted", verl="engine", resumable=True)
+    eval_strategy: str | None = _f(
+        None,
+        "When the eval dataset is evaluated during training (TRL's and transformers' eval_strategy): 'no'; 'steps': "
+        "every eval_steps steps and at the last step (as transformers' Trainer); 'epoch': at the end of every epoch "
+        "(every steps-per-epoch steps, see max_steps) and at the last step. None: 'steps' when eval_steps is set "
+        "(> 0), else 'no' (gtpo's YAMLs evaluate by setting eval_steps alone). A YAML written for trl grpo that "
+        "leaves it unset gets TRL's default 'no', and its dataset_test_split becomes the eval dataset only when it "
+        "is not 'no' (TRL's rule). Without an eval dataset nothing is evaluated. gtpo's evaluation is its own "
+        "(eval/* metrics: greedy accuracy or pass@k, eval_num_samples, eval_k), not TRL's eval loss.",
+        trl="converted", verl="engine", resumable=True,
+        rule=lambda c: "steps" if c.eval_steps else "no",
+        choices=EVAL_STRATEGIES,
+    )
+    eval_steps: int | None = _f(
+        None,
+        "Evaluate every this many steps (with eval_strategy 'steps'). None or 0: logging_steps when eval_strategy is "
+        "'steps' (TRL's and transformers' rule); setting it alone (eval_strategy unset) turns evaluation on. TRL's "
+        "engine: times num_iterations (its optimizer steps). A fraction of the run (transformers' eval_steps < 1) is "
+        "not taken: give a number of steps.",
+        trl="converted", verl="engine", resumable=True,
+        rule=lambda c: c.eval_steps or c.logging_steps,
+    )
+    per_device_eval_batch_size: int | None = _f(
+        None,
+        "Completions generated per generate() call in the in-training evaluation (TRL's per_device_eval_batch_size, "
+        "its evaluation batch per process). None: generation_chunk_size, else 64. TRL's engine: passed on when set "
+        "(else num_generations, so that its evaluation batch holds whole groups).",
+        trl="converted", verl="engine", resumable=True,
+        rule=lambda c: c.generation_chunk_size or 64,
+    )
+    eval_on_start: bool = _f(
+        False,
+        "Evaluate once before the first step (TRL's and transformers' eval_on_start, a sanity check of the "
+        "evaluation), logged at step 0. Not repeated when a run resumes.",
+        trl="same", verl="engine", resumable=True,
+    )
     eval_num_samples: int = _f(1, "Samples per eval problem (n); 1 with eval_temperature 0 is greedy accuracy.",
         trl="gtpo_engine", verl="engine", resumable=True)
     eval_k: list[int] = _f([1], "k values of pass@k / maj@k logged during training.",
@@ -686,6 +773,14 @@ class GTPOConfig:
     @property
     def resolved_dynamic_sampling(self) -> bool:
         return resolved(self, "dynamic_sampling")
+
+    @property
+    def resolved_eval_strategy(self) -> str:
+        return resolved(self, "eval_strategy")
+
+    @property
+    def resolved_eval_steps(self) -> int:
+        return resolved(self, "eval_steps")
 
     @property
     def resolved_eval_max_new_tokens(self) -> int:
@@ -801,14 +896,27 @@ class GTPOConfig:
         return dict(threshold=self.entropy_threshold if self.resolved_entropy_filter else None,
                     gamma=self.resolved_gamma, scope=self.entropy_filter_scope)
 
-    def num_warmup_steps(self, updates_per_step: int = 1) -> int:
+    def total_steps(self, steps_per_epoch: int) -> int:
+        """The steps a run trains: ``max_steps``, or with ``max_steps`` -1 ``ceil(num_train_epochs *
+        steps_per_epoch)`` (transformers' rule; ``steps_per_epoch``: the full batches of ``prompts_per_step`` prompts
+        in the training set, :attr:`gtpo.GTPOTrainer.steps_per_epoch`)."""
+        if self.max_steps > 0:
+            return self.max_steps
+        return max(1, int(math.ceil(self.num_train_epochs * steps_per_epoch)))
+
+    def num_warmup_steps(self, updates_per_step: int = 1, max_steps: int | None = None) -> int:
         """Warm-up steps of the learning-rate schedule over ``max_steps * updates_per_step`` optimizer steps (TRL's
         engine counts ``num_iterations`` updates per step): ``warmup_steps`` (a count, times ``updates_per_step``, or a
-        fraction of the steps) when > 0, else ``warmup_ratio`` of the steps, rounded up."""
+        fraction of the steps) when > 0, else ``warmup_ratio`` of the steps, rounded up. ``max_steps``: the resolved
+        step count (:meth:`total_steps`; needed when the field is -1), default the field."""
         if self.warmup_steps >= 1:
             return int(self.warmup_steps) * updates_per_step
+        steps = self.max_steps if max_steps is None else max_steps
         fraction = self.warmup_steps if self.warmup_steps > 0 else self.warmup_ratio
-        return int(math.ceil(fraction * self.max_steps * updates_per_step))
+        if fraction > 0 and steps < 0:
+            raise ValueError("GTPOConfig.num_warmup_steps: max_steps is -1 (num_train_epochs decides); pass the "
+                             "resolved step count (total_steps(steps_per_epoch))")
+        return int(math.ceil(fraction * max(steps, 0) * updates_per_step))
 
     def conflict_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of :func:`gtpo.maths.conflict.conflict_weights`."""

@@ -525,14 +525,28 @@ def build_optimizer(params: Iterable[nn.Parameter], args: GTPOConfig, device: to
     return cls(groups, **common)  # paged on CPU: bitsandbytes warns and runs it unpaged
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, args: GTPOConfig):
-    """``transformers.get_scheduler(lr_scheduler_type)`` over ``max_steps`` with ``args.num_warmup_steps()`` of them
-    warming up (``warmup_steps``, else ``warmup_ratio`` of them, rounded up)."""
+def build_scheduler(optimizer: torch.optim.Optimizer, args: GTPOConfig, num_training_steps: int | None = None):
+    """``transformers.get_scheduler(lr_scheduler_type, scheduler_specific_kwargs=lr_scheduler_kwargs)`` (as TRL's
+    Trainer builds it) over ``num_training_steps`` (the run's resolved step count, :meth:`GTPOConfig.total_steps`;
+    default ``max_steps``) with ``args.num_warmup_steps()`` of them warming up (``warmup_steps``, else ``warmup_ratio``
+    of them, rounded up)."""
     from transformers import get_scheduler
 
+    steps = args.max_steps if num_training_steps is None else num_training_steps
     try:
         return get_scheduler(args.lr_scheduler_type, optimizer,
-                             num_warmup_steps=args.num_warmup_steps(),
-                             num_training_steps=args.max_steps)
+                             num_warmup_steps=args.num_warmup_steps(max_steps=steps),
+                             num_training_steps=steps,
+                             scheduler_specific_kwargs=dict(args.lr_scheduler_kwargs or {}))
     except (ValueError, TypeError, KeyError) as err:
-        raise ValueError(f"GTPOConfig.lr_scheduler_type={args.lr_scheduler_type!r} cannot be used: {err}") from err
+        kwargs = f" with lr_scheduler_kwargs={args.lr_scheduler_kwargs!r}" if args.lr_scheduler_kwargs else ""
+        raise ValueError(f"GTPOConfig.lr_scheduler_type={args.lr_scheduler_type!r}{kwargs} cannot be used: {err} "
+                         "(transformers.get_scheduler's arguments of that schedule)") from err
+
+
+def check_scheduler(args: GTPOConfig) -> None:
+    """Build the schedule of ``args`` on a one-parameter optimizer, so that a ``lr_scheduler_type`` /
+    ``lr_scheduler_kwargs`` that transformers refuses (a keyword the schedule does not take, a missing ``min_lr``) is
+    an error before any model loads. Raises ``ValueError`` naming both fields."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    build_scheduler(optimizer, args, num_training_steps=args.max_steps if args.max_steps > 0 else 100)

@@ -6,7 +6,8 @@ nothing to it; :func:`check_trackers` turns that into an error before any model 
 accelerate's TensorBoard tracker hands the run config to ``SummaryWriter.add_hparams``, which takes
 only ``int``, ``float``, ``str``, ``bool`` and tensors (a list or None crashes the run at its start);
 :func:`start_trackers` gives it the flat config of :func:`tracker_config` and the other trackers
-the config as it is.
+the config as it is. :func:`log_table` gives every tracker a table (``log_completions``: TRL's
+completions table) in its own form.
 
 No torch import here.
 """
@@ -17,7 +18,7 @@ import importlib.util
 import json
 from typing import Any, Iterable, Mapping
 
-__all__ = ["TRACKER_PACKAGES", "check_trackers", "start_trackers", "tracker_config"]
+__all__ = ["TRACKER_PACKAGES", "check_trackers", "log_table", "markdown_table", "start_trackers", "tracker_config"]
 
 #: tracker -> (importable modules, any of which makes it available; the pip requirement that installs it)
 TRACKER_PACKAGES: dict[str, tuple[tuple[str, ...], str]] = {
@@ -93,3 +94,36 @@ def start_trackers(accelerator, project: str, config: Mapping[str, Any]) -> None
     flat = tracker_config(config)
     for tracker in accelerator.trackers:
         tracker.store_init_configuration(flat if tracker.name == "tensorboard" else dict(config))
+
+
+def markdown_table(table: Mapping[str, list]) -> str:
+    """``{column: values}`` (equal lengths) as a Markdown table, which TensorBoard's text plugin renders: ``|`` escaped,
+    line breaks as ``<br>``."""
+    def cell(value: Any) -> str:
+        text = "" if value is None else (f"{value:.4g}" if isinstance(value, float) else str(value))
+        return text.replace("|", "\\|").replace("\r", "").replace("\n", "<br>")
+
+    columns = list(table)
+    rows = zip(*(table[c] for c in columns))
+    lines = ["| " + " | ".join(map(cell, columns)) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def log_table(accelerator, name: str, table: Mapping[str, list], step: int) -> None:
+    """``table`` (``{column: values}``, equal lengths) logged as ``name`` at ``step`` to every tracker of
+    ``accelerator`` (main process): W&B and trackio get their ``Table`` of a pandas DataFrame (as TRL's
+    ``log_completions`` logs them), TensorBoard a Markdown text (:func:`markdown_table`). Other trackers are skipped."""
+    if not accelerator.is_main_process:
+        return
+    frame = None
+    for tracker in accelerator.trackers:
+        if tracker.name in ("wandb", "trackio"):
+            import pandas as pd
+
+            frame = pd.DataFrame(dict(table)) if frame is None else frame
+            module = __import__(tracker.name)
+            tracker.log({name: module.Table(dataframe=frame)}, step=step)
+        elif tracker.name == "tensorboard":
+            tracker.writer.add_text(name, markdown_table(table), global_step=step)
+            tracker.writer.flush()

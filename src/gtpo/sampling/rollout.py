@@ -334,10 +334,21 @@ def _sample_rows(model, ids: torch.Tensor, mask: torch.Tensor, gen_config, loop_
 
 
 class PromptSampler:
-    """Epoch-wise seeded permutation of dataset rows; its state makes resuming exact."""
+    """Epoch-wise seeded permutation of dataset rows; its state makes resuming exact.
 
-    def __init__(self, size: int, seed: int):
+    ``batch_size`` (optional) makes an epoch drop its incomplete tail, as TRL's ``RepeatSampler`` does: an epoch is
+    the first ``size // batch_size * batch_size`` rows of its permutation, so a caller that takes ``batch_size`` rows
+    at a time sees each row at most once per epoch and never a batch that straddles two epochs. Without it (the
+    default) an epoch is every row and a batch may continue into the next epoch's permutation. The state
+    (``epoch``, ``position``) is the same in both cases, so checkpoints of either kind load."""
+
+    def __init__(self, size: int, seed: int, *, batch_size: int | None = None):
+        if batch_size is not None and not 1 <= batch_size <= size:
+            raise ValueError(f"PromptSampler: batch_size ({batch_size}) must be in [1, size={size}]: an epoch that "
+                             "drops its incomplete tail needs at least one whole batch")
         self.size, self.seed = size, seed
+        #: rows of each permutation used before the next epoch starts
+        self.epoch_size = size if batch_size is None else size // batch_size * batch_size
         self.epoch, self.position = 0, 0
         self._perm = self._permutation()
 
@@ -348,7 +359,7 @@ class PromptSampler:
     def next(self, count: int) -> list[int]:
         out = []
         while len(out) < count:
-            if self.position >= self.size:
+            if self.position >= self.epoch_size:
                 self.epoch, self.position = self.epoch + 1, 0
                 self._perm = self._permutation()
             out.append(self._perm[self.position])

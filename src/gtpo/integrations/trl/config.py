@@ -337,13 +337,15 @@ class TRLGTPOConfig(GRPOConfig):
             {name: getattr(c, name) for name in SAME_FIELDS},
             loss_type=loss_type, num_generations=c.group_size, scale_rewards=c.resolved_scale_rewards,
             **trl_precision(c, adapter=adapter, cpu=bool(trl_options.get("use_cpu"))),
-            max_steps=c.max_steps * mu, warmup_steps=c.num_warmup_steps(mu),
+            max_steps=c.max_steps * mu if c.max_steps > 0 else -1, warmup_steps=_warmup_steps(c, mu),
             report_to=list(c.report_to) or "none",
             # save_steps 0 under 'steps' is gtpo's "no checkpoints" (transformers needs save_steps > 0 there)
             save_strategy="no" if c.save_strategy == "steps" and c.save_steps == 0 else c.save_strategy,
             save_steps=max(c.save_steps, 1) * mu,
-            eval_strategy="steps" if c.eval_steps > 0 else "no", eval_steps=max(c.eval_steps, 1) * mu,
+            eval_strategy=c.resolved_eval_strategy, eval_steps=c.resolved_eval_steps * mu,
         )
+        if c.per_device_eval_batch_size is not None:
+            out["per_device_eval_batch_size"] = c.per_device_eval_batch_size
         batch_keys = {"per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
                       "generation_batch_size"}
         if batch_keys & set(trl_options):
@@ -381,6 +383,15 @@ class TRLGTPOConfig(GRPOConfig):
             else:
                 os.environ["ACCELERATE_MIXED_PRECISION"] = "no"
         return args
+
+
+def _warmup_steps(config: GTPOConfig, mu: int) -> float:
+    """TRL's ``warmup_steps`` (in its optimizer steps, ``mu`` per gtpo step) for ``config``: with ``max_steps`` -1 the
+    step count is TRL's to compute (from ``num_train_epochs``), so a fraction (``warmup_steps`` < 1, else
+    ``warmup_ratio``) is passed as a fraction, which transformers applies to its step count, rounded up as gtpo does."""
+    if config.max_steps > 0 or config.warmup_steps >= 1:
+        return config.num_warmup_steps(mu)
+    return config.warmup_steps if config.warmup_steps > 0 else config.warmup_ratio
 
 
 def trl_precision(config: GTPOConfig, *, adapter: bool | None = None, cpu: bool = False) -> dict[str, Any]:
