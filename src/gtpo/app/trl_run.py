@@ -45,8 +45,14 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
 
     hooks = hooks or RunHooks()
     run, config, eval_dataset, model = inputs.run, inputs.config, inputs.eval_dataset, inputs.model
-    state = PartialState()
+    from ..run.build import cpu_only
+
+    # cpu=cpu_only(): a process state created without it makes every process of a CPU launch a single-process run,
+    # and transformers' TrainingArguments re-creates the state with its use_cpu (gloo DDP on CPU needs it)
+    state = PartialState(cpu=cpu_only())
     options = dict(run.trl)
+    if cpu_only():
+        options.setdefault("use_cpu", True)
     evaluating = eval_dataset is not None and (config.resolved_eval_strategy != "no" or config.eval_on_start)
     if not evaluating:  # TRL refuses an evaluation without an eval dataset; gtpo's engine evaluates nothing then
         options.setdefault("eval_strategy", "no")
@@ -92,9 +98,9 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
 
 def _accuracy_on_trainer(stage: str, trainer, inputs: RunInputs, tokenizer, hooks: RunHooks) -> float | None:
     """:func:`measure_accuracy` on TRL's trainer: its model (loaded by TRL in the run's dtype and placed on its
-    device when the trainer was built; not a second copy), under its accelerator's autocast, on the main process
-    (None elsewhere, and when the run does not measure it: :func:`measures_accuracy`)."""
-    if not measures_accuracy(inputs, stage) or not trainer.accelerator.is_main_process:
+    device when the trainer was built; not a second copy), under its accelerator's autocast, on every process, each
+    measuring its share of the problems (None when the run does not measure it: :func:`measures_accuracy`)."""
+    if not measures_accuracy(inputs, stage):
         return None
     return measure_accuracy(stage, inputs, trainer.accelerator.unwrap_model(trainer.model), tokenizer, hooks,
-                            autocast=trainer.accelerator.autocast())
+                            autocast=trainer.accelerator.autocast(), processes=trainer.accelerator)

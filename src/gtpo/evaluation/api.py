@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -46,7 +47,9 @@ from gtpo.run.checkpoint import atomic_write
 from .estimators import MAJ_ESTIMATORS, UNPARSABLE_MODES, as_count, parse_k_list
 from .mmlu import evaluate_mmlu, mmlu_metrics
 from .options import BACKENDS, EvalOptions, ScoringOptions, check_choice, estimator_settings
-from .scoring import problem_record, score_problems
+from .scoring import aggregate_metrics, problem_record, score_problems
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "BACKENDS",
@@ -497,6 +500,7 @@ def evaluate_during_training(
     seed: int = 0,
     engine: Any = None,
     merge_lora: bool = True,
+    processes: Any = None,
     **settings,
 ) -> dict[str, float]:
     """A cheap evaluation for the trainer's ``eval_steps``: flat ``eval/*`` metrics.
@@ -521,6 +525,13 @@ def evaluate_during_training(
         engine: a :class:`gtpo.sampling.vllm_engine.VLLMEngine` serving ``model``'s current weights (the trainer's
             with ``use_vllm``): it samples instead of ``gtpo.sampling.rollout.generate``.
         merge_lora: ``gtpo.sampling.rollout.generate``'s (float32 LoRA layers merged while sampling).
+        processes: the accelerate state of a multi-process run (an ``Accelerator`` or ``PartialState``: its
+            ``process_index`` and ``num_processes``), every process calling: each generates and scores its own
+            contiguous share of the problems (:func:`process_share`; with ``engine``, its own colocated engine), the
+            judged problems are gathered (``accelerate.utils.gather_object``, in dataset order) and every process
+            returns the metrics of all of them, aggregated as one process would (greedy: the same numbers). No
+            process waits in a collective longer than the slowest share takes, so an evaluation longer than the
+            process group's timeout does not abort the run. None or one process: the whole dataset here.
         scoring: a :class:`gtpo.evaluation.options.ScoringOptions`: the correctness reward (``reward_fn``; default:
             the reasoning-gym scorer for rows with ``rg_entry``, else math-verify against ``answer``), the score
             at which a sample counts as correct (``correct_threshold``, default 1.0), ``answer_from``,
@@ -544,18 +555,30 @@ def evaluate_during_training(
         raise ValueError("n must be >= 1, got 0")
     ks = [1] if greedy else parse_k_list(list(k_list), n, "k_list")
     maj_ks = [] if greedy else [k for k in ks if k > 1]
-    with seeded(seed):
-        generated = generate_samples(
-            model, tokenizer, rows, sampling=sampling, n=n, batch_size=batch_size,
-            max_prompt_length=max_prompt_length, progress=False, keep_ids=scoring.reward_fn is not None,
-            engine=engine, merge_lora=merge_lora,
-        )
-    problems = [problem_record(i, row, samples)
-                for i, (row, samples) in enumerate(zip(rows, generated))]
-    metrics = score_problems(problems, rows=rows, n=n, ks=ks, maj_ks=maj_ks,
+    count = getattr(processes, "num_processes", 1) if processes is not None else 1
+    index = getattr(processes, "process_index", 0) if processes is not None else 0
+    start, end = process_share(len(rows), index, count)
+    mine = rows[start:end]
+    generated = []
+    if mine:
+        with seeded(seed):
+            generated = generate_samples(
+                model, tokenizer, mine, sampling=sampling, n=n, batch_size=batch_size,
+                max_prompt_length=max_prompt_length, progress=False, keep_ids=scoring.reward_fn is not None,
+                engine=engine, merge_lora=merge_lora,
+            )
+    problems = [problem_record(start + i, row, samples) for i, (row, samples) in enumerate(zip(mine, generated))]
+    metrics = score_problems(problems, rows=mine, n=n, ks=ks, maj_ks=maj_ks,
                              maj_estimator=scoring.maj_estimator, unparsable=scoring.unparsable,
                              answer_from=scoring.answer_from, reward_fn=scoring.reward_fn,
                              correct_threshold=scoring.correct_threshold)
+    if count > 1:
+        from accelerate.utils import gather_object
+
+        logger.info("evaluation: process %d of %d generated and scored problems %d-%d (%d of %d)", index, count,
+                    start, end - 1, end - start, len(rows))
+        problems = gather_object(problems)  # every process's judged problems, in process (= dataset) order
+        metrics = aggregate_metrics(problems, ks, maj_ks)
     out = {}
     if greedy:
         out["eval/accuracy_greedy"] = metrics["pass@1"]
@@ -567,6 +590,14 @@ def evaluate_during_training(
     for key in ("format_rate", "mean_length", "truncated_frac", "unparsable_frac", "mean_score"):
         out[f"eval/{key}"] = float(metrics[key])
     return out
+
+
+def process_share(size: int, index: int, count: int) -> tuple[int, int]:
+    """``(start, end)``: the contiguous share of ``size`` evaluation problems that process ``index`` of ``count``
+    evaluates (the first ``size % count`` processes one more, as ``accelerate``'s ``split_between_processes``)."""
+    base, extra = divmod(size, count)
+    start = index * base + min(index, extra)
+    return start, start + base + (1 if index < extra else 0)
 
 
 def _percent(value: float) -> str:
