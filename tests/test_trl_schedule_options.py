@@ -232,7 +232,7 @@ def test_per_device_eval_batch_size_is_the_evaluation_batch(tiny_model_path, tmp
     from gtpo.evaluation import api
 
     assert resolved(GTPOConfig(), "per_device_eval_batch_size") == 64
-    assert resolved(GTPOConfig(generation_batch_size=16), "per_device_eval_batch_size") == 16
+    assert resolved(GTPOConfig(generation_chunk_size=16), "per_device_eval_batch_size") == 16
     batches = []
     real = api.evaluate_during_training
 

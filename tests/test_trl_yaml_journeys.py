@@ -34,6 +34,9 @@ def length_reward(completions, **kwargs):
         fh.write(f"{len(completions)}\\n")
     return [len(_text(c)) / 10 for c in completions]
 
+def short_reward(completions, **kwargs):
+    return [float(len(_text(c)) < 20) for c in completions]
+
 def has_digit_reward(completions, **kwargs):
     return [float(any(ch.isdigit() for ch in _text(c))) for c in completions]
 '''
@@ -73,7 +76,7 @@ JOURNEYS = {
                                                                  max_steps=3, warmup_ratio=0.34)},
     # a standard-format dataset directory with jsonl splits, evaluation every step on the test split
     "standard-jsonl-eval": {"layout": "jsonl", "rows": "standard",
-                            "reward_funcs": ["my_rewards.length_reward", "my_rewards.has_digit_reward"],
+                            "reward_funcs": ["my_rewards.short_reward", "my_rewards.has_digit_reward"],
                             "reward_weights": [1.0, 0.5], "dataset_test_split": "test", "eval_strategy": "steps",
                             "eval_steps": 1, "per_device_eval_batch_size": 4, **tiny(
                                 num_generations=4, per_device_train_batch_size=8, max_steps=2,
@@ -150,7 +153,7 @@ def test_a_trl_users_yaml_means_the_same_on_both_engines(tiny_model_path, tmp_pa
     assert gtpo["learning_rate"] == pytest.approx(trl["learning_rate"], rel=1e-9, abs=1e-15)  # the schedule
     assert gtpo["checkpoints"] == trl["checkpoints"]
     assert gtpo["eval_steps"] == trl["eval_steps"]
-    if gtpo["batch"] or trl["batch"]:  # the user's reward saw the same completions per call (eval calls included)
+    if gtpo["batch"] or trl["batch"]:  # the user's reward saw the same completions per training call
         assert gtpo["batch"] == trl["batch"]
     for run in runs.values():
         reward_weights_hold(run["lines"], spec)

@@ -137,6 +137,10 @@ CONVERTED_NOTES: dict[str, str] = {
     "report_to": "none, tensorboard, wandb, trackio (a string or a list)",
     "save_steps": "counted in rollout steps on gtpo's engine (optimizer steps on TRL's): equal with num_iterations: 1",
     "eval_steps": "counted like save_steps; 0 with eval_strategy no",
+    "eval_strategy": "no, steps, epoch as TRL (evaluation also after the last step); unset, a gtpo YAML with "
+                     "eval_steps evaluates (steps), a TRL YAML does not (TRL's no)",
+    "per_device_eval_batch_size": "the generation batch of gtpo's evaluation, whose metrics are its own eval/* "
+                                  "(pass@k, accuracy), not TRL's eval loss and rewards",
     "save_strategy": "no, steps, epoch as TRL; steps with save_steps: 0 is no; best only on TRL's engine (gtpo's "
                      "trainer does not rank checkpoints by a metric)",
 }
