@@ -91,6 +91,16 @@ JOURNEYS = {
                                          gradient_accumulation_steps=4, max_steps=4, lr_scheduler_type="cosine",
                                          warmup_ratio=0.25, learning_rate=5.0e-5, save_strategy="steps",
                                          save_steps=2, save_total_limit=3, logging_steps=1)},
+    # epochs instead of max_steps, checkpoints and evaluation at each epoch's end
+    "epochs-save-eval-per-epoch": {"reward_funcs": ["accuracy_reward", "my_rewards.short_reward"],
+                                   "num_train_epochs": 2, "save_strategy": "epoch", "eval_strategy": "epoch",
+                                   "dataset_test_split": "test", **tiny(num_generations=4,
+                                                                        per_device_train_batch_size=8,
+                                                                        lr_scheduler_type="linear")},
+    # a reward model first (TRL's reward_model_name_or_path), a QLoRA base, a weighted rule reward
+    "reward-model-qlora": {"reward_model_name_or_path": "REWARD_MODEL", "reward_funcs": ["think_format_reward"],
+                           "reward_weights": [1.0, 2.0], "load_in_4bit": True, "use_peft": True, "lora_r": 4,
+                           "lora_alpha": 8, **tiny(num_generations=4, per_device_train_batch_size=4, max_steps=2)},
 }
 
 
@@ -99,6 +109,10 @@ def write_journey(tmp_path, name, model_path, engine):
     rows = STANDARD if keys.pop("rows", "conversational") == "standard" else CONVERSATIONAL
     data = dataset_dir(tmp_path, rows, keys.pop("layout", "parquet"))
     (tmp_path / "my_rewards.py").write_text(USER_REWARDS)
+    if keys.get("reward_model_name_or_path") == "REWARD_MODEL":
+        from test_scoring import build_reward_model
+
+        keys["reward_model_name_or_path"] = str(build_reward_model(tmp_path / "tiny-rm"))
     spec = {"model_name_or_path": model_path, "dataset_name": data, **keys,
             "output_dir": str(tmp_path / f"out-{engine}")}
     path = tmp_path / f"{name}.yaml"
@@ -136,8 +150,11 @@ def train(tmp_path, monkeypatch, name, model_path, engine):
 
 
 def reward_weights_hold(lines, spec):
-    """``reward`` is the weighted sum of the functions' means on every step (no function returned None here)."""
+    """``reward`` is the weighted sum of the functions' means on every step (no function returned None here); a
+    reward model comes first, logged under its directory's name."""
     names = [f.split(".")[-1] for f in spec["reward_funcs"]]
+    if spec.get("reward_model_name_or_path"):
+        names = ["tiny-rm"] + names
     weights = spec.get("reward_weights") or [1.0] * len(names)
     for m in lines:
         expected = sum(w * m[f"rewards/{n}/mean"] for n, w in zip(names, weights))
