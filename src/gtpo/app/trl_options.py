@@ -123,8 +123,8 @@ for _name in ("delta", "importance_sampling_level", "sapo_temperature_neg", "sap
 #: how a GTPOConfig field declared trl="converted" differs between the engines (the TRL-YAML table's note);
 #: tests/test_trl_options.py fails on a converted field without one
 CONVERTED_NOTES: dict[str, str] = {
-    "max_steps": "rollout steps on gtpo's engine (each with num_iterations updates), optimizer steps on TRL's; equal "
-                 "with num_iterations: 1",
+    "max_steps": "-1: num_train_epochs decide (a TRL YAML without max_steps too); rollout steps on gtpo's engine (each "
+                 "with num_iterations updates), optimizer steps on TRL's: equal with num_iterations: 1",
     "loss_type": "gtpo's default is gtpo (TRL's: dapo); grpo, dr_grpo and dapo mean TRL's losses",
     "num_generations": "TRL's name of group_size",
     "generation_batch_size": "TRL's rollout batch in completions: prompts_per_step x group_size on gtpo's engine, "
@@ -136,7 +136,7 @@ CONVERTED_NOTES: dict[str, str] = {
     "bf16": "bf16 compute on both; gtpo loads the weights in bf16 too unless dtype says otherwise (docs/gpu.md)",
     "report_to": "none, tensorboard, wandb, trackio (a string or a list)",
     "save_steps": "counted in rollout steps on gtpo's engine (optimizer steps on TRL's): equal with num_iterations: 1",
-    "eval_steps": "counted like save_steps; 0 with eval_strategy no",
+    "eval_steps": "unset: logging_steps (TRL's rule); counted like save_steps",
     "eval_strategy": "no, steps, epoch as TRL (evaluation also after the last step); unset, a gtpo YAML with "
                      "eval_steps evaluates (steps), a TRL YAML does not (TRL's no)",
     "per_device_eval_batch_size": "the generation batch of gtpo's evaluation, whose metrics are its own eval/* "
