@@ -148,3 +148,19 @@ def test_disable_dropout_means_the_same_on_both_engines(tiny_model_path, tmp_pat
     with pytest.raises(ConfigError, match=r"^grpo.yaml: GTPOConfig.disable_dropout=False: gtpo's trainer trains "
                                           r"without dropout"):
         load_run_inputs(spec, source="grpo.yaml")  # before the data or the model is read
+
+
+def test_intervals_as_fractions_of_the_run_mean_what_they_mean_to_transformers():
+    """logging_steps / save_steps / eval_steps below 1 are a fraction of the run, rounded up (transformers'
+    math.ceil(max_steps * x)); whole floats are counts; anything else is refused naming the field."""
+    config = GTPOConfig(logging_steps=0.1, save_steps=0.25, eval_steps=0.34, max_steps=10)
+    assert [config.every(n, 10) for n in ("logging_steps", "save_steps", "eval_steps")] == [1, 3, 4]
+    assert GTPOConfig(save_steps=3.0).save_steps == 3 and GTPOConfig(save_steps=0.5).every("save_steps", 7) == 4
+    assert GTPOConfig(logging_steps=0.5).every("eval_steps", 8) == 4  # unset eval_steps: logging_steps (TRL's rule)
+    for name, bad in (("save_steps", 1.5), ("logging_steps", 0), ("eval_steps", -0.5)):
+        with pytest.raises(ValueError, match=rf"GTPOConfig.{name} must be"):
+            GTPOConfig(**{name: bad})
+    from gtpo.integrations.trl import TRLGTPOConfig
+
+    args = TRLGTPOConfig.from_gtpo_config(GTPOConfig(save_steps=0.5, eval_steps=0.25, num_iterations=2), use_cpu=True)
+    assert (args.save_steps, args.eval_steps) == (0.5, 0.25)  # the same fraction of TRL's (optimizer-step) run

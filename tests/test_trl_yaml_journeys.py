@@ -97,6 +97,10 @@ JOURNEYS = {
                                    "dataset_test_split": "test", **tiny(num_generations=4,
                                                                         per_device_train_batch_size=8,
                                                                         lr_scheduler_type="linear")},
+    # intervals as fractions of the run (TRL's floats below 1): checkpoints every half, evaluation every quarter
+    "fractional-intervals": {"reward_funcs": ["accuracy_reward"], "save_steps": 0.5, "eval_strategy": "steps",
+                             "eval_steps": 0.25, "logging_steps": 0.5, "dataset_test_split": "test",
+                             **tiny(num_generations=4, per_device_train_batch_size=8, max_steps=4)},
     # a reward model first (TRL's reward_model_name_or_path), a QLoRA base, a weighted rule reward
     "reward-model-qlora": {"reward_model_name_or_path": "REWARD_MODEL", "reward_funcs": ["think_format_reward"],
                            "reward_weights": [1.0, 2.0], "load_in_4bit": True, "use_peft": True, "lora_r": 4,
@@ -166,8 +170,13 @@ def test_a_trl_users_yaml_means_the_same_on_both_engines(tiny_model_path, tmp_pa
     runs = {engine: train(tmp_path, monkeypatch, name, tiny_model_path, engine) for engine in ("gtpo", "trl")}
     gtpo, trl = runs["gtpo"], runs["trl"]
     spec = JOURNEYS[name]
-    assert gtpo["steps"] == trl["steps"] == list(range(1, len(gtpo["steps"]) + 1))
-    assert gtpo["learning_rate"] == pytest.approx(trl["learning_rate"], rel=1e-9, abs=1e-15)  # the schedule
+    # gtpo's metrics.jsonl has every step, TRL's the logging steps (logging_steps; every step by default)
+    assert gtpo["steps"] == list(range(1, len(gtpo["steps"]) + 1))
+    every = spec.get("logging_steps", 1)
+    every = -(-len(gtpo["steps"]) * every // 1) if isinstance(every, float) else every
+    assert trl["steps"] == [s for s in gtpo["steps"] if s % every == 0]
+    rates = dict(zip(gtpo["steps"], gtpo["learning_rate"]))
+    assert [rates[s] for s in trl["steps"]] == pytest.approx(trl["learning_rate"], rel=1e-9, abs=1e-15)  # schedule
     assert gtpo["checkpoints"] == trl["checkpoints"]
     assert gtpo["eval_steps"] == trl["eval_steps"]
     if gtpo["batch"] or trl["batch"]:  # the user's reward saw the same completions per training call

@@ -600,7 +600,7 @@ class GTPOTrainer:
                         self._log_completions()
                 if give_up:  # the last good checkpoint stays as it is
                     raise TrainingStopped(self._nonfinite_message())
-                if a.report_to and (self.global_step % a.logging_steps == 0
+                if a.report_to and (self.global_step % a.every("logging_steps", self.max_steps) == 0
                                     or (self.global_step == 1 and a.logging_first_step)):
                     acc.log({k: v for k, v in metrics.items() if k != "step"}, step=self.global_step)
                     if a.log_completions:  # TRL's completions table, to the trackers
@@ -643,7 +643,7 @@ class GTPOTrainer:
         says)."""
         a = self.args
         if a.save_strategy == "steps":
-            return bool(a.save_steps) and (step % a.save_steps == 0 or step == self.max_steps)
+            return bool(a.save_steps) and (step % a.every("save_steps", self.max_steps) == 0 or step == self.max_steps)
         if a.save_strategy == "epoch":
             return step % self.steps_per_epoch == 0 or step == self.max_steps
         return False
@@ -683,7 +683,7 @@ class GTPOTrainer:
             return False
         strategy = self.args.resolved_eval_strategy
         if strategy == "steps":
-            return step % self.args.resolved_eval_steps == 0 or step == self.max_steps
+            return step % self.args.every("eval_steps", self.max_steps) == 0 or step == self.max_steps
         if strategy == "epoch":
             return step % self.steps_per_epoch == 0 or step == self.max_steps
         return False

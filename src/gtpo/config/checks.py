@@ -128,11 +128,22 @@ def check_values(config: Any) -> None:
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"GTPOConfig.{name} must be an integer >= 1, got {value!r}")
-    for name in ("logging_steps", "eval_num_samples", "max_consecutive_skips"):
+    for name in ("logging_steps", "save_steps", "eval_steps"):  # TRL's fraction of the run, or a count
+        value = getattr(config, name)
+        if isinstance(value, float) and not value.is_integer() and not 0 < value < 1:
+            raise ValueError(f"GTPOConfig.{name} must be an integer or a fraction of the run in (0, 1), got {value!r}")
+        if isinstance(value, float) and value.is_integer():
+            setattr(config, name, int(value))
+    if not (isinstance(config.logging_steps, float) or config.logging_steps >= 1):
+        raise ValueError(f"GTPOConfig.logging_steps must be an integer >= 1 or a fraction in (0, 1), got "
+                         f"{config.logging_steps!r}")
+    for name in ("eval_num_samples", "max_consecutive_skips"):
         if getattr(config, name) < 1:
             raise ValueError(f"GTPOConfig.{name} must be an integer >= 1, got {getattr(config, name)!r}")
-    for name in ("save_steps", "log_completions_steps", "overlong_buffer_length", "max_resample_rounds",
-                 "top_k"):
+    if isinstance(config.save_steps, bool) or (isinstance(config.save_steps, int) and config.save_steps < 0):
+        raise ValueError(f"GTPOConfig.save_steps must be an integer >= 0 or a fraction in (0, 1), got "
+                         f"{config.save_steps!r}")
+    for name in ("log_completions_steps", "overlong_buffer_length", "max_resample_rounds", "top_k"):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"GTPOConfig.{name} must be an integer >= 0, got {value!r}")

@@ -574,7 +574,8 @@ class GTPOConfig:
     )
 
     # ------------------------------------------------------------------ logging, saving, evaluation
-    logging_steps: int = _f(1, "Metrics are computed every step; trackers receive them every logging_steps.",
+    logging_steps: int | float = _f(1, "Metrics are computed every step; trackers receive them every logging_steps."
+        " A float in (0, 1) is that fraction of the run's steps, rounded up (TRL's and transformers' meaning).",
         trl="same", verl="engine", resumable=True)
     logging_first_step: bool = _f(
         False,
@@ -619,8 +620,8 @@ class GTPOConfig:
         trl="converted", verl="engine", resumable=True,
         choices=SAVE_STRATEGIES,
     )
-    save_steps: int = _f(50, "Save a checkpoint every this many steps with save_strategy 'steps' (0: none, only the "
-        "final model).",
+    save_steps: int | float = _f(50, "Save a checkpoint every this many steps with save_strategy 'steps' (0: none, only "
+        "the final model). A float in (0, 1) is that fraction of the run's steps, rounded up (TRL's and transformers' meaning).",
         trl="converted", verl="engine", resumable=True)
     save_only_model: bool = _f(
         False,
@@ -655,12 +656,11 @@ class GTPOConfig:
         rule=lambda c: "steps" if c.eval_steps else "no",
         choices=EVAL_STRATEGIES,
     )
-    eval_steps: int | None = _f(
+    eval_steps: int | float | None = _f(
         None,
         "Evaluate every this many steps (with eval_strategy 'steps'). None or 0: logging_steps when eval_strategy is "
         "'steps' (TRL's and transformers' rule); setting it alone (eval_strategy unset) turns evaluation on. TRL's "
-        "engine: times num_iterations (its optimizer steps). A fraction of the run (transformers' eval_steps < 1) is "
-        "not taken: give a number of steps.",
+        "engine: times num_iterations (its optimizer steps). A float in (0, 1) is that fraction of the run's steps, rounded up (TRL's and transformers' meaning).",
         trl="converted", verl="engine", resumable=True,
         rule=lambda c: c.eval_steps or c.logging_steps,
     )
@@ -779,8 +779,17 @@ class GTPOConfig:
         return resolved(self, "eval_strategy")
 
     @property
-    def resolved_eval_steps(self) -> int:
+    def resolved_eval_steps(self) -> int | float:
         return resolved(self, "eval_steps")
+
+    def every(self, name: str, total_steps: int) -> int:
+        """The interval in steps of ``logging_steps``, ``save_steps`` or ``eval_steps`` (resolved) in a run of
+        ``total_steps``: a float in (0, 1) is that fraction of the run, rounded up, as transformers computes it
+        (``math.ceil(max_steps * x)``); an integer is itself."""
+        value = self.resolved_eval_steps if name == "eval_steps" else getattr(self, name)
+        if isinstance(value, float) and 0 < value < 1:
+            return max(math.ceil(total_steps * value), 1)
+        return int(value)
 
     @property
     def resolved_eval_max_new_tokens(self) -> int:

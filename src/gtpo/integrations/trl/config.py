@@ -341,8 +341,8 @@ class TRLGTPOConfig(GRPOConfig):
             report_to=list(c.report_to) or "none",
             # save_steps 0 under 'steps' is gtpo's "no checkpoints" (transformers needs save_steps > 0 there)
             save_strategy="no" if c.save_strategy == "steps" and c.save_steps == 0 else c.save_strategy,
-            save_steps=max(c.save_steps, 1) * mu,
-            eval_strategy=c.resolved_eval_strategy, eval_steps=c.resolved_eval_steps * mu,
+            save_steps=_optimizer_steps(c.save_steps, mu, minimum=1),
+            eval_strategy=c.resolved_eval_strategy, eval_steps=_optimizer_steps(c.resolved_eval_steps, mu),
         )
         if c.per_device_eval_batch_size is not None:
             out["per_device_eval_batch_size"] = c.per_device_eval_batch_size
@@ -392,6 +392,14 @@ def _warmup_steps(config: GTPOConfig, mu: int) -> float:
     if config.max_steps > 0 or config.warmup_steps >= 1:
         return config.num_warmup_steps(mu)
     return config.warmup_steps if config.warmup_steps > 0 else config.warmup_ratio
+
+
+def _optimizer_steps(every: int | float, mu: int, *, minimum: int = 0) -> int | float:
+    """An interval of gtpo's rollout steps in TRL's optimizer steps (``mu`` = ``num_iterations`` per rollout); a
+    fraction of the run (TRL's float in (0, 1)) is the same fraction of TRL's."""
+    if isinstance(every, float) and 0 < every < 1:
+        return every
+    return max(int(every), minimum) * mu
 
 
 def trl_precision(config: GTPOConfig, *, adapter: bool | None = None, cpu: bool = False) -> dict[str, Any]:
