@@ -116,7 +116,9 @@ def train_main(argv: list[str], *, hooks=None) -> int:
     config_path, overrides, demo, print_config = _split_train_argv(argv)
     spec, source, options = resolve_train_spec(config_path, overrides, demo=demo)
     if print_config:
-        split_spec(spec, source=source, options=options)
+        from .app.launch import split_launch_options
+
+        split_spec(split_launch_options(spec, source=source)[0], source=source, options=options)
         shown = {**spec, "hub_token": "<HUB_TOKEN>"} if spec.get("hub_token") is not None else spec  # never printed
         print(yaml.safe_dump(shown, sort_keys=False))
         return 0

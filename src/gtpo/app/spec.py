@@ -298,6 +298,13 @@ def split_spec(spec: dict[str, Any], *, source: str,
     return run, config
 
 
+def _launch_option(key: str) -> bool:
+    """Whether ``key`` is an option of ``accelerate launch`` (``gtpo train`` launches with it: gtpo.app.launch)."""
+    from .launch import launch_option_names
+
+    return key in launch_option_names()
+
+
 def _trl_option(key: str) -> bool:
     """Whether ``key`` is an option of ``trl.GRPOConfig`` (or one gtpo's engine has a verdict on)."""
     from ..integrations import trl_option_names
@@ -404,7 +411,7 @@ def resolve_train_spec(config_path: str | None, overrides: dict[str, Any], *, de
     engine = overrides.get("engine", spec.get("engine"))
     for key in overrides:
         top = key.split(".")[0]
-        if top not in allowed and engine != "trl" and not _trl_option(top):  # split_spec checks TRL's options
+        if top not in allowed and engine != "trl" and not _trl_option(top) and not _launch_option(top):
             raise ConfigError(f"unknown option --{key}{suggest(top, sorted(allowed))}{_trl_hint(top)}")
     spec = apply_overrides(spec, overrides)
     if preset:

@@ -163,6 +163,16 @@ def run_training(spec: dict[str, Any], *, source: str, argv: list[str] | None = 
     (0; 130 after a second interrupt); raises :class:`~gtpo.errors.TrainingStopped` /
     :class:`~gtpo.errors.CheckpointError` with a note naming the resume command."""
     hooks = hooks or RunHooks()
+    from .launch import launched, relaunch, split_launch_options
+
+    spec, launch_args = split_launch_options(spec, source=source)  # num_processes, accelerate_config, ... (TRL's)
+    if launch_args and not launched():
+        if argv is None:
+            raise ConfigError(f"{source}: accelerate launch options ({' '.join(launch_args)}) start `gtpo train` "
+                              "again under accelerate launch, which needs the command line: run `gtpo train`, or "
+                              "remove them and launch yourself (accelerate launch ... -m gtpo.cli train ...)")
+        split_spec(spec, source=source, options=options)  # a bad file fails here, not in every launched process
+        return relaunch(launch_args, argv)
     inputs = load_run_inputs(spec, source=source, options=options)
     if inputs.run.engine == "trl":
         _refuse_resuming_a_finished_trl_run(inputs)
