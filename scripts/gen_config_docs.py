@@ -58,7 +58,7 @@ def render_trl_table() -> str:
                                + [f.name for f in dataclasses.fields(trl.GRPOConfig)]))
     by_kind = {"same": [], "mapped": [], "no_effect": [], "refused": [], "trl_only": []}
     for name in names:
-        verdict = gtpo_engine_verdict(name)
+        verdict = gtpo_engine_verdict(name, run_keys=RunSpec.key_names())
         kind = "trl_only" if verdict.kind == "refused" and verdict.note == TRL_ENGINE_ONLY else verdict.kind
         by_kind[kind].append((name, verdict.note))
 

@@ -136,7 +136,7 @@ def test_config_errors_name_the_field():
         (dict(seed="a"), "GTPOConfig.seed must be an integer, got 'a'"),
         (dict(reward_weights=3), "GTPOConfig.reward_weights must be a list of numbers or null (None), got 3"),
         (dict(report_to=5), "GTPOConfig.report_to must be a list of strings or a string, got 5"),
-        (dict(logging_steps=0), "GTPOConfig.logging_steps must be an integer >= 1, got 0"),
+        (dict(logging_steps=0), "GTPOConfig.logging_steps must be an integer >= 1 or a fraction in (0, 1), got 0"),
         (dict(learning_rate=float("nan")), "GTPOConfig.learning_rate must be a number, got nan"),
         (dict(learning_rate=float("inf")), "GTPOConfig.learning_rate must be a finite number, got inf"),
         (dict(generation_chunk_size=-1), "GTPOConfig.generation_chunk_size must be None or an integer >= 1"),

@@ -29,7 +29,9 @@ def test_every_grpo_option_with_trls_default_is_taken_or_refused_with_the_reason
     """A TRL YAML that writes any GRPOConfig option at TRL's own default: gtpo's engine takes it (the same, mapped, or
     ignored with a reason) or refuses it naming the option, the file, why and what to do; never another error."""
     value = trl_default(field)
-    verdict = gtpo_engine_verdict(field.name, value)
+    from gtpo.app.spec import RunSpec
+
+    verdict = gtpo_engine_verdict(field.name, value, run_keys=RunSpec.key_names())
     assert verdict.kind in ("same", "mapped", "no_effect", "refused")
     if verdict.kind == "refused":
         with pytest.raises(ConfigError) as err:
@@ -164,3 +166,9 @@ def test_intervals_as_fractions_of_the_run_mean_what_they_mean_to_transformers()
 
     args = TRLGTPOConfig.from_gtpo_config(GTPOConfig(save_steps=0.5, eval_steps=0.25, num_iterations=2), use_cpu=True)
     assert (args.save_steps, args.eval_steps) == (0.5, 0.25)  # the same fraction of TRL's (optimizer-step) run
+
+
+def test_lora_task_type_other_than_causal_lm_is_refused_naming_the_file():
+    with pytest.raises(ConfigError, match=r"^grpo.yaml: lora_task_type: only CAUSAL_LM is trained here .*'SEQ_CLS'"):
+        split_spec({**BASE, "use_peft": True, "lora_task_type": "SEQ_CLS"}, source="grpo.yaml")
+    assert split_spec({**BASE, "use_peft": True, "lora_task_type": "CAUSAL_LM"}, source="grpo.yaml")[0].peft

@@ -163,9 +163,12 @@ def run_training(spec: dict[str, Any], *, source: str, argv: list[str] | None = 
     (0; 130 after a second interrupt); raises :class:`~gtpo.errors.TrainingStopped` /
     :class:`~gtpo.errors.CheckpointError` with a note naming the resume command."""
     hooks = hooks or RunHooks()
+    from ..run.models import import_bitsandbytes_quietly
     from .launch import launched, relaunch, split_launch_options
 
-    spec, launch_args = split_launch_options(spec, source=source)  # num_processes, accelerate_config, ... (TRL's)
+    import_bitsandbytes_quietly(quantizing=_quantizes(spec))  # before the launch keys are told from TRL's (TRL
+
+    spec, launch_args = split_launch_options(spec, source=source)  # imports bitsandbytes): num_processes, ...
     if launch_args and not launched():
         if argv is None:
             raise ConfigError(f"{source}: accelerate launch options ({' '.join(launch_args)}) start `gtpo train` "

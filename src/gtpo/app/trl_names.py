@@ -105,7 +105,7 @@ def apply_trl_names(spec: dict[str, Any], *, engine: str, where: Callable[[str],
     if "model_name_or_path" in spec:
         put("model", take("model_name_or_path"), "model_name_or_path")
     _model_init(spec, take, engine)
-    _peft(spec, take, put)
+    _peft(spec, take, put, where)
     _datasets(spec, take, put, engine)
     reward_model = take("reward_model_name_or_path")
     if reward_model:  # first, as `trl grpo` puts it
@@ -144,7 +144,7 @@ def _model_init(spec: dict[str, Any], take, engine: str) -> None:
         spec["model_init_kwargs"] = init
 
 
-def _peft(spec: dict[str, Any], take, put) -> None:
+def _peft(spec: dict[str, Any], take, put, where) -> None:
     """``use_peft`` + ``lora_*`` -> ``peft`` (TRL's get_peft_config: the LoRA settings apply only with use_peft)."""
     lora = {_LORA[k]: take(k) for k in list(_LORA) if k in spec}
     task = take("lora_task_type")
@@ -158,7 +158,8 @@ def _peft(spec: dict[str, Any], take, put) -> None:
     peft = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": None}  # ModelConfig's defaults
     peft.update({k: v for k, v in lora.items() if v is not None})
     if task not in (None, "CAUSAL_LM"):
-        raise ConfigError(f"lora_task_type: only CAUSAL_LM is trained here, got {task!r}")
+        raise ConfigError(f"{where('lora_task_type')}: lora_task_type: only CAUSAL_LM is trained here (a causal LM's "
+                          f"GRPO), got {task!r}; leave it out or set CAUSAL_LM")
     put("peft", peft, "use_peft")
 
 

@@ -176,14 +176,13 @@ def _mapped_keys() -> dict[str, str]:
     return out
 
 
-def gtpo_engine_verdict(name: str, value: Any = None) -> Verdict:
-    """The verdict of gtpo's engine on the TRL option ``name`` (with ``value``, for :data:`ACCEPTED_VALUES`)."""
-    from .spec import RunSpec
-
+def gtpo_engine_verdict(name: str, value: Any = None, *, run_keys: tuple[str, ...] | list[str] = ()) -> Verdict:
+    """The verdict of gtpo's engine on the TRL option ``name`` (with ``value``, for :data:`ACCEPTED_VALUES`);
+    ``run_keys``: the run keys of a spec (:meth:`gtpo.app.spec.RunSpec.key_names`; same name, same meaning)."""
     fields = {f.name: f for f in dataclasses.fields(GTPOConfig)}
     if name in fields and fields[name].metadata.get("trl") in ("same", "when_set", "converted"):
         return Verdict("same", CONVERTED_NOTES.get(name, "") if fields[name].metadata["trl"] == "converted" else "")
-    if name in RunSpec.key_names():
+    if name in run_keys:
         return Verdict("same", "")
     mapped = _mapped_keys()
     if name in mapped:
