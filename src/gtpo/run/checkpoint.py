@@ -182,7 +182,8 @@ def _numpy_globals() -> list:
 def load_torch_file(path: str, map_location: Any = "cpu") -> Any:
     """``torch.load`` a checkpoint file with ``weights_only=True``: tensors, numbers, strings,
     containers and numpy arrays only; its tensors land on ``map_location`` (default the CPU: not the
-    device they were saved from, which on a GPU run is the main process's GPU for every process).
+    device they were saved from, which on a GPU run is the main process's GPU for every process; a CPU device
+    with an index, as a CPU DDP process's ``cpu:<rank>``, is the CPU).
 
     Unpickling anything else could run arbitrary code from a checkpoint someone else wrote, so a
     file holding other Python objects is refused with a ``ValueError`` that names it.
@@ -191,6 +192,8 @@ def load_torch_file(path: str, map_location: Any = "cpu") -> Any:
 
     import torch
 
+    if isinstance(map_location, torch.device) and map_location.type == "cpu":
+        map_location = "cpu"  # a CPU DDP process's device is cpu:<rank>, which torch.load cannot restore to
     try:
         with torch.serialization.safe_globals(_numpy_globals()):
             return torch.load(path, weights_only=True, map_location=map_location)
