@@ -50,6 +50,7 @@ from .maths.losses import POLICY_LOSSES
 from .rewards.scoring import RewardScorer, ScoredBatch, overlong_penalty
 from .run.build import check_distributed_type, cpu_only
 from .run.checkpoint import RESUME_HINT, RunDirectory
+from .run.launch import check_launch, process_group_kwargs
 from .run.diagnostics import NoSignalCounter, policy_change_sums, probe_probabilities, signal_counts
 from .run.signals import install_stop_handlers, restore_handlers, stop_requested
 from .run.step_metrics import step_metrics
@@ -111,8 +112,12 @@ class GTPOTrainer:
         check_trackers(args.report_to, where="GTPOConfig.report_to")  # a missing tracker would log nothing
         # bf16 autocast is the policy's own (PolicyForward, sampling): accelerate's mixed precision stays off,
         # whatever the launcher says (a conflicting setting is named in a warning once the dtype is known)
+        from accelerate.utils import InitProcessGroupKwargs
+
         self.accelerator = acc = setup.accelerator_without_mixed_precision(
-            log_with=list(args.report_to) or None, project_dir=args.output_dir, cpu=cpu_only())
+            log_with=list(args.report_to) or None, project_dir=args.output_dir, cpu=cpu_only(),
+            kwargs_handlers=[InitProcessGroupKwargs(**process_group_kwargs(args.ddp_timeout))])
+        check_launch(acc.state, engine="gtpo")  # a launch that formed another run than it asked for: refused
         if args.prompts_per_step % acc.num_processes:
             raise ValueError(
                 f"GTPOConfig.prompts_per_step ({args.prompts_per_step}) must be divisible by the number of "
@@ -591,6 +596,7 @@ class GTPOTrainer:
             restore_handlers(previous)
             if a.report_to:
                 acc.end_training()
+            run_dir.release()  # the output_dir's lock (RunDirectory.prepare)
         return metrics
 
     def evaluate(self) -> dict[str, float]:

@@ -552,6 +552,7 @@ class RunDirectory:
         acc, out = self.acc, self.output_dir
         if os.path.exists(out) and not os.path.isdir(out):
             raise ValueError(f"output_dir {out!r} exists and is not a directory; choose another output_dir")
+        self.claim()  # before anything is read or removed: another run may be writing out
         if resuming and not overwrite:
             refuse_resuming_a_finished_run(out, latest_checkpoint(out))
         existing = []
@@ -584,6 +585,21 @@ class RunDirectory:
                     with contextlib.suppress(FileNotFoundError):
                         os.remove(self.path(name))
         acc.wait_for_everyone()
+
+    def claim(self) -> None:
+        """Collective: the main process locks ``output_dir`` for this run (:mod:`gtpo.run.lock`; held until
+        :meth:`release` or the process ends); every process raises the same ValueError when another run that is
+        still running holds it."""
+        from .lock import claim_run_directory
+
+        self._lock = claim_run_directory(self.output_dir, self.acc)
+
+    def release(self) -> None:
+        """Drop this run's lock on ``output_dir`` (:meth:`claim`); a no-op where none is held."""
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.release()
+            self._lock = None
 
     def drop_later_checkpoints(self, resumed: str, step: int) -> None:
         """Resuming ``output_dir`` from an older checkpoint (at ``step``) abandons the steps after it:
