@@ -42,8 +42,13 @@ def env():
             "PYTHONPATH": os.pathsep.join(p for p in [os.path.join(ROOT, "src"), os.environ.get("PYTHONPATH")] if p)}
 
 
-def port(offset):
-    return str(29100 + (os.getpid() * 7 + offset) % 800)
+def port(offset=0):
+    """A free TCP port on loopback (the OS picks it; ``offset`` is kept for readability of the calls)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
 
 
 def launch_cmd(config_file, yaml_path, *args, offset=0, num_processes=2):
@@ -98,6 +103,22 @@ def test_a_sharded_request_that_accelerate_did_not_honour_is_refused():
     with pytest.raises(ValueError, match=r"gtpo's own trainer does not support accelerate's FSDP \(asked by the "
                                          r"accelerate config; accelerate would run MULTI_CPU instead"):
         check_launch(state("MULTI_CPU", 2), engine="gtpo", environ=fsdp)
+
+
+def test_ddp_timeout_is_validated_and_reaches_the_trainers_process_group(tiny_model_path, tmp_path):
+    from datetime import timedelta
+
+    from gtpo import GTPOConfig, GTPOTrainer
+    from helpers import digit_reward, rows, tiny_config
+
+    assert GTPOConfig().ddp_timeout == 1800  # TRL's / transformers' default
+    for bad in (0, -5):
+        with pytest.raises(ValueError, match=rf"^GTPOConfig.ddp_timeout must be an integer >= 1 \(seconds\), got {bad}$"):
+            GTPOConfig(ddp_timeout=bad).validate()
+    with pytest.raises(ValueError, match=r"^GTPOConfig.ddp_timeout must be an integer"):
+        GTPOConfig(ddp_timeout=1.5).validate()
+    trainer = GTPOTrainer(tiny_model_path, digit_reward, rows(4), args=tiny_config(tmp_path, ddp_timeout=90))
+    assert trainer.accelerator.init_handler.timeout == timedelta(seconds=90)
 
 
 # ============================================================================= one run per output_dir
@@ -236,8 +257,10 @@ def test_a_killed_rank_ends_the_run_and_it_resumes_bitwise(tiny_model_path, tmp_
     launcher = subprocess.Popen(launch_cmd(DDP_CONFIG, cfg, offset=6), env=env(), cwd=ROOT, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
+        deadline = time.monotonic() + 300  # a guard against a launch that never trains, not a timing
         while not (out / "checkpoint-4").is_dir():
             assert launcher.poll() is None, launcher.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no checkpoint-4 after 300 s"
             time.sleep(0.05)
         os.kill(rank_pids(launcher)[1], signal.SIGKILL)
         killed_at = time.monotonic()
@@ -271,16 +294,18 @@ def test_a_hung_process_is_left_after_ddp_timeout(tiny_model_path, tmp_path):
     timeout and gtpo's note (the newest complete checkpoint, the resume command)."""
     cfg = write_cli_inputs(tmp_path, tiny_model_path, max_steps=50, save_steps=2, ddp_timeout=10,
                            log_completions_steps=0)
-    out = tmp_path / "out"
+    out, main_port = tmp_path / "out", port()
     nodes = [subprocess.Popen(
         [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "2", "--machine_rank", str(r),
-         "--main_process_ip", "127.0.0.1", "--main_process_port", port(8), "--mixed_precision", "no",
+         "--main_process_ip", "127.0.0.1", "--main_process_port", main_port, "--mixed_precision", "no",
          "--dynamo_backend", "no", "-m", "gtpo.cli", "train", cfg],
         env=env(), cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
     stopped = None
     try:
+        deadline = time.monotonic() + 300  # a guard against nodes that never train, not a timing
         while not (out / "checkpoint-2").is_dir():
             assert all(n.poll() is None for n in nodes), nodes[0].communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no checkpoint-2 after 300 s"
             time.sleep(0.05)
         stopped = rank_pids(nodes[1])[1]
         os.kill(stopped, signal.SIGSTOP)
