@@ -24,6 +24,7 @@ def launch(num_processes, model_dir, out):
 
 
 @pytest.mark.slow
+@pytest.mark.launch
 def test_two_process_ddp(tiny_model_path, tmp_path):
     out = str(tmp_path / "ddp")
     launch(2, tiny_model_path, out)
@@ -48,6 +49,7 @@ def test_two_process_ddp(tiny_model_path, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.launch
 def test_readme_accelerate_command(tiny_model_path, tmp_path):
     """`accelerate launch --config_file configs/accelerate/cpu_ddp_2proc.yaml -m gtpo.cli train CONFIG.yaml`,
     exactly as the README writes it: two processes, groups split across them, one run directory."""

@@ -349,7 +349,8 @@ def test_disk_full_during_checkpoint_keeps_the_previous_one(tiny_model_path, tmp
     assert str(info.value).startswith(
         f"no space left on device while writing checkpoint-2 in {out}; the previous checkpoint checkpoint-1 is intact")
     assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == errno.ENOSPC
-    assert sorted(os.listdir(out)) == ["checkpoint-1", "metrics.jsonl", "run_config.json"]  # no temporary dir
+    # no temporary dir (the run's lock file, gtpo.run.lock, stays: it holds no lock once the process lets go)
+    assert sorted(os.listdir(out)) == [".gtpo-run.lock", "checkpoint-1", "metrics.jsonl", "run_config.json"]
     assert read_state(os.path.join(out, "checkpoint-1"))["global_step"] == 1
     monkeypatch.undo()
     # the intact checkpoint loads: its weights are those after step 1

@@ -51,6 +51,7 @@ from .maths.losses import POLICY_LOSSES
 from .rewards.scoring import RewardScorer, ScoredBatch, overlong_penalty
 from .run.build import check_distributed_type, cpu_only
 from .run.checkpoint import RESUME_HINT, RunDirectory
+from .run.launch import check_launch, process_group_kwargs
 from .run.diagnostics import NoSignalCounter, policy_change_sums, probe_probabilities, signal_counts
 from .run.hub import HubPusher, check_push_to_hub, repo_name
 from .run.signals import install_stop_handlers, restore_handlers, stop_requested
@@ -119,8 +120,12 @@ class GTPOTrainer:
         setup.check_scheduler(args)  # lr_scheduler_type / lr_scheduler_kwargs that transformers refuses
         # bf16 autocast is the policy's own (PolicyForward, sampling): accelerate's mixed precision stays off,
         # whatever the launcher says (a conflicting setting is named in a warning once the dtype is known)
+        from accelerate.utils import InitProcessGroupKwargs
+
         self.accelerator = acc = setup.accelerator_without_mixed_precision(
-            log_with=list(args.report_to) or None, project_dir=args.output_dir, cpu=cpu_only())
+            log_with=list(args.report_to) or None, project_dir=args.output_dir, cpu=cpu_only(),
+            kwargs_handlers=[InitProcessGroupKwargs(**process_group_kwargs(args.ddp_timeout))])
+        check_launch(acc.state, engine="gtpo")  # a launch that formed another run than it asked for: refused
         if args.prompts_per_step % acc.num_processes:
             raise ValueError(
                 f"GTPOConfig.prompts_per_step ({args.prompts_per_step}) must be divisible by the number of "
@@ -634,6 +639,7 @@ class GTPOTrainer:
                 self.hub.wait()
             if a.report_to:
                 acc.end_training()
+            run_dir.release()  # the output_dir's lock (RunDirectory.prepare)
         return metrics
 
     def saves_at(self, step: int) -> bool:

@@ -191,11 +191,14 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
 
     from ..run.models import load_model_and_tokenizer
     from ..run.build import policy_load_kwargs, run_precision
+    from ..run.launch import check_launch, process_group_kwargs
     from ..trainer import GTPOTrainer, cpu_only
 
     run, config, eval_ds = inputs.run, inputs.config, inputs.eval_dataset
     probes = {k: tuple(v) for k, v in (run.probes or {}).items()}
-    state = PartialState(cpu=cpu_only())  # as the trainer's Accelerator: the process state is a singleton
+    # as the trainer's Accelerator (the process state is a singleton), with the run's process-group timeout
+    state = PartialState(cpu=cpu_only(), **process_group_kwargs(config.ddp_timeout))
+    check_launch(state, engine="gtpo")  # before the model loads
     # the run's precision, decided once (gtpo.run.build, docs/gpu.md): the model is loaded with it after the process state
     # exists, as the trainer would load it (on a GPU onto this process's device: a 4-bit base is placed while loading,
     # on GPU 0 for all otherwise), and the trainer keeps both
@@ -221,6 +224,10 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
     except (TrainingStopped, CheckpointError) as err:  # the CLI prints the message and this note, exits 1
         err.add_note(f"resume with: {again}")
         raise
+    except RuntimeError as err:  # with several processes: most likely another process died or hung (issue 43)
+        if state.num_processes > 1:
+            err.add_note(lost_process_note(state, config, again))
+        raise
     if getattr(trainer, "stopped_early", None):
         if state.is_main_process:
             print(f"training stopped by {trainer.stopped_by} after step {trainer.global_step} of "
@@ -238,6 +245,20 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
                   "skipped)", flush=True)
         finish_run(summary, inputs, before, after)
     return 0
+
+
+def lost_process_note(state, config: GTPOConfig, again: str) -> str:
+    """The note added to an error that ends one process of a several-process run (a collective failed: gloo/NCCL
+    say "Connection reset by peer" when another process died, "Timed out" when one stopped answering for
+    ``ddp_timeout`` seconds): what it likely means, the newest complete checkpoint, the resume command."""
+    from ..run.checkpoint import latest_checkpoint
+
+    newest = latest_checkpoint(config.output_dir)
+    return (f"gtpo train: process {state.process_index} of {state.num_processes} stopped: if the error above is a "
+            "collective's (connection reset: another process of the run died; timed out: one stopped answering for "
+            f"ddp_timeout={config.ddp_timeout}s), the launcher's log names the process that failed first. Checkpoints "
+            f"are written atomically: {newest or 'no checkpoint was complete yet (step 0)'}. Resume, launched as "
+            f"before, with: {again}")
 
 
 def _accuracy_on_trainer(stage: str, trainer, inputs: RunInputs, tokenizer, hooks: RunHooks) -> float | None:

@@ -39,20 +39,19 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
     tells which fields the user set (TRL's batch fields may not be mixed with gtpo's). Returns the exit code."""
     from accelerate import PartialState
 
-    from ..run.checkpoint import no_transformers_progress_bars, write_json_atomic
-    from ..integrations.trl import TRLGTPOConfig, TRLGTPOTrainer, drop_long_prompts, metrics_file_callback
-    from ..run.models import load_model, load_tokenizer, resolve_model_spec
+    from ..integrations.trl import TRLGTPOConfig
+    from ..run.build import cpu_only
+    from ..run.launch import check_launch, process_group_kwargs
+    from ..run.lock import claim_run_directory
 
     hooks = hooks or RunHooks()
     run, config, eval_dataset, model = inputs.run, inputs.config, inputs.eval_dataset, inputs.model
-    from ..run.build import cpu_only
-
-    # cpu=cpu_only(): a process state created without it makes every process of a CPU launch a single-process run,
-    # and transformers' TrainingArguments re-creates the state with its use_cpu (gloo DDP on CPU needs it)
-    state = PartialState(cpu=cpu_only())
     options = dict(run.trl)
-    if cpu_only():
+    if cpu_only():  # TRL's TrainingArguments forms a CPU process group (gloo) only with use_cpu, as gtpo's engine does
         options.setdefault("use_cpu", True)
+    # the process state TRL's TrainingArguments makes (cpu, timeout), so that num_processes below is the run's
+    cpu = bool(options.get("use_cpu")) or os.environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true")
+    state = PartialState(cpu=cpu, **process_group_kwargs(config.ddp_timeout))
     evaluating = eval_dataset is not None and (config.resolved_eval_strategy != "no" or config.eval_on_start)
     if not evaluating:  # TRL refuses an evaluation without an eval dataset; gtpo's engine evaluates nothing then
         options.setdefault("eval_strategy", "no")
@@ -67,6 +66,27 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
                                                   set_fields=set(spec), adapter=run.peft is not None, **options)
     except ValueError as err:
         raise ConfigError(f"{source}: {err}") from None
+    # the process state TRL's trainer uses (TrainingArguments made it: use_cpu, ddp_timeout) against what the launcher
+    # asked for, before any model loads
+    args.device  # noqa: B018 (TrainingArguments sets up its process state on first use)
+    trl_state = getattr(args, "distributed_state", None) or PartialState()
+    check_launch(trl_state, engine="trl")
+    lock = claim_run_directory(config.output_dir, trl_state)  # one run at a time in output_dir, for the run's life
+    try:
+        return _train(inputs, args, options, model, evaluating, trl_state, hooks)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(inputs: RunInputs, args, options: dict[str, Any], model, evaluating: bool, state, hooks: RunHooks) -> int:
+    """The TRL run of :func:`run_trl_training` once its launch is checked and its output_dir locked."""
+    from ..run.checkpoint import no_transformers_progress_bars, write_json_atomic
+    from ..integrations.trl import TRLGTPOTrainer, drop_long_prompts, metrics_file_callback
+    from ..run.launch import check_launch, requested_distributed_type, would_run
+    from ..run.models import load_model, load_tokenizer, resolve_model_spec
+
+    run, config, eval_dataset = inputs.run, inputs.config, inputs.eval_dataset
     if run.probes:
         logger.warning("probes are tracked by gtpo's own trainer only; TRL's engine ignores them")
 
@@ -80,6 +100,10 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
                                  train_dataset=train_dataset, eval_dataset=eval_dataset if evaluating else None,
                                  processing_class=tokenizer, peft_config=build_peft_config(run.peft),
                                  callbacks=[metrics_file_callback(config.output_dir)])
+    # the accelerator TRL built (after the model loaded): what check_launch foresaw from the process state
+    asked = requested_distributed_type()
+    if asked is not None and would_run(trainer.accelerator.state, asked) != asked:
+        check_launch(trainer.accelerator.state, engine="trl")
     if hooks.on_trainer is not None:
         hooks.on_trainer(trainer)
     before = _accuracy_on_trainer("before", trainer, inputs, tokenizer, hooks)

@@ -128,6 +128,8 @@ def check_values(config: Any) -> None:
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"GTPOConfig.{name} must be an integer >= 1, got {value!r}")
+    if isinstance(config.ddp_timeout, bool) or not isinstance(config.ddp_timeout, int) or config.ddp_timeout < 1:
+        raise ValueError(f"GTPOConfig.ddp_timeout must be an integer >= 1 (seconds), got {config.ddp_timeout!r}")
     for name in ("logging_steps", "save_steps", "eval_steps"):  # TRL's fraction of the run, or a count
         value = getattr(config, name)
         if isinstance(value, float) and not value.is_integer() and not 0 < value < 1:

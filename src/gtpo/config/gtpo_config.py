@@ -54,6 +54,15 @@ class GTPOConfig:
         "DAPO's dynamic sampling the resampled groups draw further prompts of the epoch, so the prompts cycle faster "
         "than the steps (TRL has no dynamic sampling).",
         trl="same", verl="engine", resumable=True)
+    ddp_timeout: int = _f(
+        1800,
+        "Timeout in seconds of the process group's collectives (torch.distributed's init_process_group timeout), as "
+        "in TRL / transformers' TrainingArguments: with several processes, a process that waits longer than this for "
+        "the others (one died, hangs, or works much longer alone) raises instead of waiting for ever. Set it above "
+        "the longest step a process may spend alone (an evaluation, a checkpoint on a slow disk). Without several "
+        "processes it has no effect.",
+        trl="same", verl="engine", resumable=True,
+    )
 
     # ------------------------------------------------------------------ algorithm
     loss_type: str = _f(

@@ -216,15 +216,18 @@ def cpu_only() -> bool:
     return not (torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()))
 
 
-def check_distributed_type(distributed_type) -> None:
+def check_distributed_type(distributed_type, *, running: str | None = None) -> None:
     """Refuse the accelerate setups this trainer does not implement (FSDP, DeepSpeed): it samples with the
     unwrapped model, saves model and optimizer from the main process and steps the optimizer itself, all
     of which assume every process holds the whole model. DDP (several processes, each a full replica)
-    and single-device runs are what it supports; TRL's engine runs GTPO under FSDP and DeepSpeed."""
+    and single-device runs are what it supports; TRL's engine runs GTPO under FSDP and DeepSpeed. ``running``:
+    what accelerate runs when ``distributed_type`` is what the launcher asked for (:func:`gtpo.run.launch.check_launch`)."""
     name = getattr(distributed_type, "value", str(distributed_type)).upper()
     if name in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+        asked = "" if running is None or running == name else \
+            f" (asked by the accelerate config; accelerate would run {running} instead, nothing sharded)"
         raise ValueError(
-            f"gtpo's own trainer does not support accelerate's {name} (it samples with the unwrapped model and saves "
+            f"gtpo's own trainer does not support accelerate's {name}{asked} (it samples with the unwrapped model and saves "
             "model and optimizer from the main process, which assumes full replicas): launch it with plain DDP "
             "(accelerate launch --multi_gpu --num_processes N -m gtpo.cli train ...), or train with TRL's engine, "
             "which shards with FSDP/DeepSpeed: engine: trl in the YAML (--engine trl)"

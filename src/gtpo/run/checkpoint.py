@@ -184,7 +184,8 @@ def _numpy_globals() -> list:
 def load_torch_file(path: str, map_location: Any = "cpu") -> Any:
     """``torch.load`` a checkpoint file with ``weights_only=True``: tensors, numbers, strings,
     containers and numpy arrays only; its tensors land on ``map_location`` (default the CPU: not the
-    device they were saved from, which on a GPU run is the main process's GPU for every process).
+    device they were saved from, which on a GPU run is the main process's GPU for every process; a CPU device
+    with an index, as a CPU DDP process's ``cpu:<rank>``, is the CPU).
 
     Unpickling anything else could run arbitrary code from a checkpoint someone else wrote, so a
     file holding other Python objects is refused with a ``ValueError`` that names it.
@@ -193,6 +194,8 @@ def load_torch_file(path: str, map_location: Any = "cpu") -> Any:
 
     import torch
 
+    if isinstance(map_location, torch.device) and map_location.type == "cpu":
+        map_location = "cpu"  # a CPU DDP process's device is cpu:<rank>, which torch.load cannot restore to
     try:
         with torch.serialization.safe_globals(_numpy_globals()):
             return torch.load(path, weights_only=True, map_location=map_location)
@@ -577,6 +580,7 @@ class RunDirectory:
         acc, out = self.acc, self.output_dir
         if os.path.exists(out) and not os.path.isdir(out):
             raise ValueError(f"output_dir {out!r} exists and is not a directory; choose another output_dir")
+        self.claim()  # before anything is read or removed: another run may be writing out
         if resuming and not overwrite:
             refuse_resuming_a_finished_run(out, latest_checkpoint(out))
         existing = []
@@ -609,6 +613,21 @@ class RunDirectory:
                     with contextlib.suppress(FileNotFoundError):
                         os.remove(self.path(name))
         acc.wait_for_everyone()
+
+    def claim(self) -> None:
+        """Collective: the main process locks ``output_dir`` for this run (:mod:`gtpo.run.lock`; held until
+        :meth:`release` or the process ends); every process raises the same ValueError when another run that is
+        still running holds it."""
+        from .lock import claim_run_directory
+
+        self._lock = claim_run_directory(self.output_dir, self.acc)
+
+    def release(self) -> None:
+        """Drop this run's lock on ``output_dir`` (:meth:`claim`); a no-op where none is held."""
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.release()
+            self._lock = None
 
     def drop_later_checkpoints(self, resumed: str, step: int) -> None:
         """Resuming ``output_dir`` from an older checkpoint (at ``step``) abandons the steps after it:
