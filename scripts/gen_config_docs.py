@@ -77,10 +77,14 @@ def render_trl_table() -> str:
     lines += ["", f"**Accepted, no effect on gtpo's engine** ({len(by_kind['no_effect'])}):", "",
               "| option | why |", "|---|---|"]
     lines += [f"| `{n}` | {cell(note)} |" for n, note in by_kind["no_effect"]]
-    lines += ["", f"**Refused on gtpo's engine, before the model loads** ({len(by_kind['refused'])}):", "",
+    lines += ["", f"**Refused on gtpo's engine, before the model loads**, unless at TRL's default "
+              f"({len(by_kind['refused'])}):", "",
               "| option | why, and what to do |", "|---|---|"]
     lines += [f"| `{n}` | {cell(note)} |" for n, note in by_kind["refused"]]
-    lines += ["", f"**TRL's engine only** ({len(by_kind['trl_only'])}; refused on gtpo's engine: {TRL_ENGINE_ONLY}): "
+    lines += ["", "Any option in the two lists below at TRL's default value asks for nothing (the feature off, or what "
+              "gtpo's trainer does anyway) and is ignored, so a file written out from a whole `GRPOConfig` trains.",
+              "", f"**TRL's engine only** ({len(by_kind['trl_only'])}; another value is refused on gtpo's engine: "
+              f"{TRL_ENGINE_ONLY}): "
               + ", ".join(f"`{n}`" for n, _ in by_kind["trl_only"]) + ".", "", END]
     return "\n".join(lines)
 

@@ -264,11 +264,11 @@ def split_spec(spec: dict[str, Any], *, source: str,
 
     spec = drop_trl_nulls(spec)
     if engine == "gtpo":  # TRL's other options: the same, ignored where they have no effect, or refused with why
-        from ..integrations import trl_option_names
+        from ..integrations import trl_option_defaults, trl_option_names
         from .trl_options import apply_on_gtpo_engine
 
         spec = apply_on_gtpo_engine(spec, known=set(fields) | set(run_keys), where=where,
-                                    trl_names=trl_option_names())
+                                    trl_names=trl_option_names(), trl_defaults=trl_option_defaults())
     trl_options: dict[str, Any] = {}
     for key, value in spec.items():
         if key in run_keys:

@@ -12,7 +12,9 @@ engine each name is one of:
 - ``no_effect``: accepted and ignored, because the mechanism it tunes does not exist in gtpo's trainer
   (:data:`NO_EFFECT`; some only with the value that means TRL's default behaviour, :data:`ACCEPTED_VALUES`);
 - ``refused``: refused before any model loads, with the reason and what to do (:data:`REFUSED`; any other
-  ``GRPOConfig`` option: :data:`TRL_ENGINE_ONLY`, train it with ``engine: trl``).
+  ``GRPOConfig`` option: :data:`TRL_ENGINE_ONLY`, train it with ``engine: trl``) -- unless the file gives it TRL's
+  default value, which asks for nothing (the feature off, or what gtpo's trainer does anyway): a file written out
+  from a whole ``GRPOConfig`` trains.
 
 No torch and no TRL here: the verdicts hold whether or not TRL is installed.
 """
@@ -99,6 +101,8 @@ REFUSED: dict[str, str] = {
                               "one from output_dir/checkpoint-*, or train with engine: trl",
     "metric_for_best_model": "gtpo's trainer keeps the last model, it does not rank checkpoints by a metric: pick "
                              "one from output_dir/checkpoint-*, or train with engine: trl",
+    "use_cpu": "gtpo's trainer uses the GPU when there is one and the CPU otherwise: to train on the CPU of a GPU "
+               "machine, hide the GPUs (CUDA_VISIBLE_DEVICES= gtpo train ...)",
     "max_tool_calling_iterations": "tool calling is not in gtpo's trainer yet (multi-turn rollouts: issue 44)",
     "vllm_server_host": "gtpo's trainer runs vLLM in its own process (vllm_mode colocate); a `trl vllm-serve` "
                         "server needs engine: trl",
@@ -201,10 +205,11 @@ def gtpo_engine_verdict(name: str, value: Any = None, *, run_keys: tuple[str, ..
 
 
 def apply_on_gtpo_engine(spec: dict[str, Any], *, known: set[str], where: Callable[[str], str],
-                         trl_names: frozenset[str]) -> dict[str, Any]:
+                         trl_names: frozenset[str], trl_defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """``spec`` without the TRL options gtpo's engine ignores (:data:`NO_EFFECT`, :data:`ACCEPTED_VALUES`; logged
     once); a refused one raises, naming it, why and what to do. ``known``: the keys gtpo's engine takes as they are;
-    ``trl_names``: ``trl.GRPOConfig``'s fields where TRL is installed (else the names this module knows).
+    ``trl_names``: ``trl.GRPOConfig``'s fields where TRL is installed (else the names this module knows);
+    ``trl_defaults``: their defaults (an option at its default is ignored, whatever its verdict).
 
     Raises:
         ConfigError: ``'<file or --option>: <name> is not taken by gtpo's trainer: <reason>'``.
@@ -219,10 +224,21 @@ def apply_on_gtpo_engine(spec: dict[str, Any], *, known: set[str], where: Callab
             out[key] = value  # not TRL's: the caller's unknown-key error names it
             continue
         verdict = gtpo_engine_verdict(key, value)
-        if verdict.kind == "refused":
+        at_default = trl_defaults is not None and key in trl_defaults and _same_value(value, trl_defaults[key])
+        if verdict.kind == "refused" and not at_default:
             raise ConfigError(f"{where(key)}: {key} is not taken by gtpo's trainer: {verdict.note}")
         ignored.append(key)
     if ignored:
         logger.info("TRL options with no effect on gtpo's trainer, ignored: %s (docs/trl-yaml.md says why)",
                     ", ".join(ignored))
     return out
+
+
+def _same_value(value: Any, default: Any) -> bool:
+    """Whether a YAML value is TRL's default (``1`` for ``1.0``, but never ``1`` for ``True``; an empty list, mapping
+    or string for None)."""
+    if default is None:
+        return value is None or value in ([], {}, "")
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool) and value == default
+    return value == default
