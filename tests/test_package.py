@@ -77,7 +77,8 @@ def test_one_way_dependencies_between_modules():
         "sampling.decode": {"run.models", "sampling.padding", "sampling.shared_prefix"},
         "sampling.policy": {"maths.ops", "run.models", "sampling.padding", "sampling.shared_prefix"},
         "sampling.rollout": {"sampling.decode", "sampling.lora_merge", "sampling.padding", "sampling.shared_prefix"},
-        "rewards.scoring": {"errors", "sampling.rollout"}, "run.diagnostics": set(), "run.checkpoint": {"errors"},
+        "rewards.scoring": {"errors", "sampling.rollout"}, "run.diagnostics": set(), "run.checkpoint": {"errors", "run.lock"},
+        "run.lock": set(),
         "sampling.lora_merge": set(), "run.update": {"config", "maths.losses"}, "run.signals": set(),
         "run.step_metrics": {"run.metric_names", "run.update"},
     }

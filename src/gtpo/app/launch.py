@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from ..errors import ConfigError
+from .launch_names import launch_option_names
 
 logger = logging.getLogger("gtpo")
 
@@ -22,19 +23,6 @@ __all__ = ["LAUNCHED_ENV", "launch_option_names", "launched", "relaunch", "split
 
 #: set for the processes gtpo started under ``accelerate launch``: they train, they do not launch again
 LAUNCHED_ENV = "GTPO_ACCELERATE_LAUNCHED"
-# accelerate launch's own plumbing, never a YAML key
-_NOT_OPTIONS = {"help", "training_script", "training_script_args", "module", "no_python", "main_training_function"}
-
-
-def launch_option_names() -> frozenset[str]:
-    """The options of ``accelerate launch`` (its parser's destinations), and ``accelerate_config`` (TRL's key for
-    ``--config_file``)."""
-    from accelerate.commands.launch import launch_command_parser
-
-    names = {action.dest for action in launch_command_parser()._actions} - _NOT_OPTIONS
-    return frozenset(names | {"accelerate_config"})
-
-
 def _config_file(value: Any, source: str) -> str:
     """``accelerate_config``: a file, or the name of one of TRL's shipped configs (``zero2`` ->
     ``trl/accelerate_configs/zero2.yaml``), as ``trl grpo`` resolves it."""

@@ -300,7 +300,7 @@ def split_spec(spec: dict[str, Any], *, source: str,
 
 def _launch_option(key: str) -> bool:
     """Whether ``key`` is an option of ``accelerate launch`` (``gtpo train`` launches with it: gtpo.app.launch)."""
-    from .launch import launch_option_names
+    from .launch_names import launch_option_names
 
     return key in launch_option_names()
 
