@@ -11,9 +11,9 @@
 #   bash scripts/test-gpu-versions.sh -k resume        # extra arguments go to pytest
 #
 # Not the GPU machine's: torch (2.11 + CUDA 13 there; the CPU build 2.13.0 here), Python (3.12 there) and numpy (2.5.2
-# there needs Python 3.12; pip picks the newest for this Python). Its peft version was not recorded (peft is in its
-# image; `python3 -m pip show peft` there tells): GPU_PEFT picks the one tested here, 0.18.0 by default (older
-# than CI's 0.21.2: pyproject.toml's minimum).
+# there needs Python 3.12; pip picks the newest for this Python). Its peft is 0.21.0 (recorded by the GPU check on
+# 2026-12-04, which ran with it there); GPU_PEFT picks the one tested here, 0.18.0 by default: pyproject.toml's
+# minimum, proven here (0.21.0 ran on the GPU, 0.21.2 runs in CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 install_only=0
