@@ -26,7 +26,7 @@ fi
 bash scripts/install.sh test
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-python -m pytest -q "$@"   # testpaths (pyproject.toml): tests/ and experiments/
+python -m pytest -q --durations=25 "$@"   # the 25 slowest tests listed; testpaths (pyproject.toml): tests/ and experiments/
 deactivate
 installed() {  # wait for a background venv build; on failure print its log and fail
   wait "$1" || { cat "$logs/$2.log" >&2; echo "scripts/test.sh: building the $2 venv failed" >&2; exit 1; }
