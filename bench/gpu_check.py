@@ -31,6 +31,26 @@ fine-tuning at T = 1500 for its peak memory. Sampled tokens/s, update time, peak
 trainer and through TRL's engine (:class:`gtpo.integrations.trl.TRLGTPOTrainer`), float32: the loss and
 the largest gradient difference (skipped where trl or datasets cannot be imported).
 
+(d) **what users need** (issue 42), run first:
+
+* ``environment``: versions (torch, CUDA, transformers, accelerate, peft, trl, datasets, bitsandbytes, ...) and one
+  8192^3 bf16 matmul's TFLOP/s;
+* ``resume``: step 2 after resuming from the step-1 checkpoint against the uninterrupted step 2 (loss, every
+  weight: bitwise on a CPU; on CUDA within the differences its atomics allow);
+* ``sampling_sync``: the decoding loop with EOS on, host reads every token against every 8: identical greedy
+  tokens, both speeds;
+* ``reward_model``: a sequence-classification reward model given by path scores on the run's device;
+* ``bf16_learning``: at lr 1e-6 the share of weights that move in a bf16 run (float32 master weights) and of
+  their bf16 values; ten updates on one fixed batch in bf16 and float32 (the log-prob margin of the positively
+  over the negatively rewarded completions grows in both); a token reward over 15 sampled steps (slope and p,
+  reported); the gradient cosine bf16 vs float32;
+* ``throughput``: gtpo's trainer and TRL's ``GRPOTrainer`` on random-weight Qwen2.5-0.5B and -1.5B shapes, bf16
+  LoRA and full fine-tuning, 1 prompt x 8 completions of exactly 128 tokens, no vLLM: rollout tokens/s, update
+  time, step time, peak allocated and reserved memory, as ratios ours/TRL.
+
+The parts run in order of value within ``--budget-s`` (default 450 s: one device call): a part whose estimated
+time on one H200 no longer fits is ``skipped`` with the reason ``budget``.
+
 Everything goes to ``$OUT/gpu_check.json`` (one JSON object) and a table; a part that raises is
 recorded under ``failures`` and the others still run. ``parts`` gives each part's status: ``passed``,
 ``failed``, or ``skipped`` with the reason (a part that could not run checked nothing: never "ok");
@@ -250,6 +270,8 @@ def check_shared_prefix(ctx: Ctx) -> dict:
         head = model.get_output_embeddings().weight
         res = {}
         with torch.no_grad():
+            for share in (True, False):  # each side once untimed first: CUDA's warm-up is in neither time
+                completion_hidden_states(model.get_decoder(), ids, mask, comp.shape[1], share_prompts=share)
             for share in (True, False):
                 h, t, m = timed(ctx, lambda: completion_hidden_states(model.get_decoder(), ids, mask, comp.shape[1],
                                                                       share_prompts=share))
@@ -275,6 +297,8 @@ def check_decode(ctx: Ctx) -> dict:
     model = build_model(ctx, ctx.arch("qwen2.5-3b"), dtype=torch.float32)
     new = 8 if ctx.quick else 64
     rows = {}
+    for loop in (True, False):  # each side once untimed first: CUDA's warm-up is in neither time
+        generate(model, ctx.tokenizer, PROMPTS[:1], num_samples=2, max_new_tokens=4, temperature=0.0, decode_loop=loop)
     for loop in (True, False):
         r, t, m = timed(ctx, lambda: generate(model, ctx.tokenizer, PROMPTS, num_samples=ctx.G // 2, max_new_tokens=new,
                                               temperature=0.0, decode_loop=loop))
@@ -291,7 +315,7 @@ def check_decode(ctx: Ctx) -> dict:
     return out
 
 
-def _trainer(ctx: Ctx, model, *, out_dir: str, peft=None, T: int, **cfg):
+def _trainer(ctx: Ctx, model, *, out_dir: str, peft=None, T: int, reward_funcs=None, **cfg):
     from peft import LoraConfig
 
     from gtpo import GTPOConfig, GTPOTrainer
@@ -300,7 +324,8 @@ def _trainer(ctx: Ctx, model, *, out_dir: str, peft=None, T: int, **cfg):
                       max_steps=10, max_completion_length=T, max_prompt_length=64, learning_rate=1e-6,
                       lr_scheduler_type="constant", save_steps=0, log_completions_steps=0, disable_tqdm=True,
                       seed=0, entropy_threshold=100.0, **cfg)
-    return GTPOTrainer(model, reward, [{"prompt": p} for p in PROMPTS], args=args, processing_class=ctx.tokenizer,
+    return GTPOTrainer(model, reward_funcs or reward, [{"prompt": p} for p in PROMPTS], args=args,
+                       processing_class=ctx.tokenizer,
                        peft_config=None if peft is None else LoraConfig(**peft))
 
 
@@ -493,6 +518,410 @@ def trl_vs_ours(ctx: Ctx) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------- (d) what users need (issue 42)
+#: Qwen2.5-0.5B and -1.5B (their configs on the Hub): the throughput comparison with TRL's GRPOTrainer
+SMALL_ARCHS = {
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, rope_theta=1e6,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=32768),
+    "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, rope_theta=1e6,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=32768),
+}
+ARCHS.update(SMALL_ARCHS)
+
+
+def check_environment(ctx: Ctx) -> dict:
+    """Versions (peft, trl, datasets and bitsandbytes where importable) and one large matmul's TFLOP/s in bf16 on
+    the GPU (float32 on a CPU: its training dtype)."""
+    import importlib
+
+    versions = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda}
+    for name in ("transformers", "accelerate", "peft", "trl", "datasets", "bitsandbytes", "huggingface_hub",
+                 "safetensors", "tokenizers"):
+        try:
+            versions[name] = importlib.import_module(name).__version__
+        except Exception as err:  # noqa: BLE001 -- recorded: absent or broken
+            versions[name] = f"not importable ({type(err).__name__})"
+    dtype = torch.bfloat16 if ctx.cuda else torch.float32
+    n = 256 if ctx.quick else 8192
+    a = torch.randn(n, n, device=ctx.device, dtype=dtype)
+    b = torch.randn(n, n, device=ctx.device, dtype=dtype)
+    a @ b  # warm-up (kernel selection)
+    ctx.sync()
+    reps = 3 if ctx.quick else 20
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    ctx.sync()
+    secs = (time.perf_counter() - t0) / reps
+    out = {"versions": versions, "matmul_dtype": str(dtype).removeprefix("torch."), "matmul_n": n,
+           "matmul_tflops": 2 * n**3 / secs / 1e12}
+    if ctx.cuda:
+        props = torch.cuda.get_device_properties(0)
+        out.update(gpu=props.name, gpu_memory_gib=props.total_memory / 2**30, capability=f"{props.major}.{props.minor}")
+    return out
+
+
+def check_sampling_sync(ctx: Ctx) -> dict:
+    """gtpo's decoding loop with EOS on, host reads every token against every 8 tokens (the accelerator's
+    default): greedy, so the tokens must be identical; both speeds. EOS is a token the model produces early in
+    some rows (read off a first run without EOS), so rows end at different steps."""
+    from transformers import GenerationConfig
+
+    from gtpo.sampling.decode import decode, decode_loop_config, prefill
+    from gtpo.sampling.padding import left_pad
+
+    if ctx.cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    model = build_model(ctx, ctx.arch("qwen2.5-0.5b"), dtype=torch.float32).eval()
+    new = 12 if ctx.quick else 64
+    rows = [ctx.tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS] * (ctx.G // 2)
+    pad = ctx.tokenizer.pad_token_id
+    ids, mask = left_pad(rows, pad)
+    ids, mask = ids.to(ctx.device), mask.to(ctx.device)
+
+    def run(eos: int, every: int):
+        config = decode_loop_config(model, GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=eos,
+                                                            pad_token_id=pad))
+        with torch.inference_mode():
+            cache = prefill(model, ids, mask)
+            return timed(ctx, lambda: decode(model, ids, mask, cache, config, eos_ids=[eos], pad_id=pad,
+                                             sync_every=every))
+
+    free_run, _, _ = run(-1 % 2**31, 1)  # an id the model never samples: no row ends
+    eos = int(free_run[0, min(3, free_run.shape[1] - 1)])  # row 0 ends at its 4th token, others later or never
+    (a, ta, _), (b, tb, _) = run(eos, 1), run(eos, 8)
+    width = max(a.shape[1], b.shape[1])
+    a = torch.nn.functional.pad(a, (0, width - a.shape[1]), value=pad)
+    b = torch.nn.functional.pad(b, (0, width - b.shape[1]), value=pad)
+    ended = (a == eos).any(dim=1)
+    n_tokens = int(((a != pad) | (a == eos)).sum())
+    out = {"rows": a.shape[0], "max_new_tokens": new, "rows_ending_with_eos": int(ended.sum()),
+           "identical": bool(torch.equal(a, b)), "sync1_tok_s": n_tokens / ta, "sync8_tok_s": n_tokens / tb,
+           "sync8_over_sync1_speed": ta / tb, "ok": bool(torch.equal(a, b)) and bool(ended.any())}
+    model = None
+    ctx.free()
+    return out
+
+
+def check_reward_model(ctx: Ctx) -> dict:
+    """A sequence-classification reward model given by path to gtpo's trainer scores on the run's device (the
+    GPU), not on the host where rollouts live (issue 42 defect 2): its parameters' device after one step."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    values = dict(ctx.arch("qwen2.5-0.5b", num_hidden_layers=2))
+    config = AutoConfig.for_model(values.pop("model_type"), **values, num_labels=1,
+                                  pad_token_id=ctx.tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    rm_path = save_model(ctx, AutoModelForSequenceClassification.from_config(config), "reward-model")
+    policy = build_model(ctx, ctx.arch("qwen2.5-0.5b", num_hidden_layers=2), dtype=torch.float32, length=8)
+    trainer = _trainer(ctx, policy, out_dir=os.path.join(ctx.work, "rm-run"), T=8, reward_funcs=rm_path)
+    metrics = trainer.step()
+    rm = trainer.scorer.funcs[0].model
+    device = str(next(rm.parameters()).device)
+    want = str(trainer.accelerator.device)
+    out = {"reward_model_device": device, "run_device": want, "reward_mean": metrics.get("reward"),
+           "ok": torch.device(device).type == torch.device(want).type}
+    del trainer, rm
+    ctx.free()
+    return out
+
+
+def _peaks(ctx: Ctx) -> dict:
+    if not ctx.cuda:
+        return {"peak_allocated_gib": None, "peak_reserved_gib": None}
+    return {"peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
+
+
+def _ours_steps(ctx: Ctx, path: str, *, peft, T: int, steps: int, out_dir: str) -> list[dict]:
+    trainer = _trainer(ctx, path, out_dir=out_dir, peft=peft, T=T, dtype="bfloat16")
+    records = []
+    for _ in range(steps):
+        ctx.reset_peak()
+        t0 = time.perf_counter()
+        metrics = trainer.step()
+        ctx.sync()
+        wall = time.perf_counter() - t0
+        gen = _metric(metrics, "gtpo/generation_time", "generation_time_s")
+        records.append({"step_s": wall, "generation_s": gen, "update_s": wall - gen, **_peaks(ctx)})
+    del trainer
+    ctx.free()
+    return records
+
+
+def _trl_steps(ctx: Ctx, path: str, *, peft, T: int, steps: int, out_dir: str) -> list[dict]:
+    """TRL's ``GRPOTrainer`` matched to :func:`_trainer`: one prompt x G completions per step of exactly T tokens
+    (the model's generation config), the same reward and prompts, GRPO (TRL has no GTPO), no KL, no vLLM, bf16
+    (TRL's ``bf16``; LoRA on a bf16-loaded base as ours), no gradient checkpointing on either side."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    records: list[dict] = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            ctx.reset_peak()
+            self.t0, self.gen = time.perf_counter(), len(gen_times)
+
+        def on_step_end(self, args, state, control, **kw):
+            ctx.sync()
+            wall = time.perf_counter() - self.t0
+            gen = sum(gen_times[self.gen:])
+            records.append({"step_s": wall, "generation_s": gen, "update_s": wall - gen, **_peaks(ctx)})
+
+    args = GRPOConfig(output_dir=out_dir, loss_type="grpo", beta=0.0, num_generations=ctx.G,
+                      per_device_train_batch_size=ctx.G, gradient_accumulation_steps=1, num_iterations=1,
+                      max_completion_length=T, temperature=1.0, top_p=1.0, top_k=0, use_vllm=False,
+                      learning_rate=1e-6, lr_scheduler_type="constant", max_steps=steps, logging_steps=10**9,
+                      save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True,
+                      log_completions=False, use_cpu=not ctx.cuda, seed=0, bf16=True, gradient_checkpointing=False,
+                      model_init_kwargs={"dtype": "bfloat16" if peft else "float32"})
+    trainer = GRPOTrainer(model=path, reward_funcs=reward, args=args, processing_class=ctx.tokenizer,
+                          train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]),
+                          peft_config=None if peft is None else LoraConfig(**peft), callbacks=[Clock()])
+    gen_times: list[float] = []
+    sample = trainer._generate
+
+    def timed_generate(*a, **kw):
+        t0 = time.perf_counter()
+        out = sample(*a, **kw)
+        ctx.sync()
+        gen_times.append(time.perf_counter() - t0)
+        return out
+
+    trainer._generate = timed_generate
+    trainer.train()
+    del trainer
+    ctx.free()
+    return records
+
+
+def throughput_vs_trl(ctx: Ctx, arch: str) -> dict:
+    """gtpo's trainer and TRL's ``GRPOTrainer`` side by side on one random-weight model of ``arch``: bf16 LoRA
+    and full fine-tuning, the same batch shape (1 prompt x G completions of exactly T tokens): rollout tokens/s,
+    update time, step time, peak allocated and reserved memory, and the ratios ours/TRL (the last step of each
+    after a warm-up step)."""
+    try:
+        import datasets  # noqa: F401
+        import trl  # noqa: F401
+    except ImportError as err:
+        return skipped(f"{type(err).__name__}: {err}")
+    T = 8 if ctx.quick else 128
+    steps = 2 if ctx.quick else 3
+    model = build_model(ctx, ctx.arch(arch), dtype=torch.float32, length=T, device="cpu")
+    path = save_model(ctx, model, f"throughput-{arch}")
+    del model
+    out = {"arch": arch, "T": T, "G": ctx.G, "steps_each": steps}
+    for mode, peft in (("lora", LORA), ("full", None)):
+        sides = {}
+        for side, fn in (("ours", _ours_steps), ("trl", _trl_steps)):
+            recs = fn(ctx, path, peft=peft, T=T, steps=steps, out_dir=os.path.join(ctx.work, f"tp-{arch}-{mode}-{side}"))
+            last = recs[-1]
+            sides[side] = {"steps": recs, "step_s": last["step_s"], "update_s": last["update_s"],
+                           "rollout_tok_s": ctx.G * T / max(last["generation_s"], 1e-9),
+                           "update_tok_s": ctx.G * T / max(last["update_s"], 1e-9),
+                           "peak_allocated_gib": last["peak_allocated_gib"],
+                           "peak_reserved_gib": last["peak_reserved_gib"]}
+        o, t = sides["ours"], sides["trl"]
+        ratios = {"step_s": o["step_s"] / t["step_s"], "rollout_tok_s": o["rollout_tok_s"] / t["rollout_tok_s"],
+                  "update_s": o["update_s"] / t["update_s"]}
+        if ctx.cuda:
+            ratios.update(peak_allocated=o["peak_allocated_gib"] / t["peak_allocated_gib"],
+                          peak_reserved=o["peak_reserved_gib"] / t["peak_reserved_gib"])
+        out[mode] = {**sides, "ours_over_trl": ratios}
+    return out
+
+
+def _fixed_batch(ctx: Ctx, trainer, G: int = 4, P: int = 2):
+    """A fixed rollout (2 prompts x 4 completions sharing a prefix) and its advantages for ``trainer``."""
+    from gtpo.maths.advantages import group_advantages
+    from gtpo.sampling.padding import completion_mask_from_ids, left_pad
+    from gtpo.sampling.rollout import Rollout
+
+    eos = ctx.tokenizer.eos_token_id
+    g = torch.Generator().manual_seed(1)
+    shared = torch.randint(3, 500, (3,), generator=g).tolist()
+    C = [shared + torch.randint(3, 500, (int(n),), generator=g).tolist() + [eos] for n in (4, 7, 2, 9, 5, 3, 8, 6)]
+    R = torch.tensor([2.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 3.0])
+    prompts, p_mask = left_pad([[30, 31, 32, 33] if i < G else [40, 41] for i in range(P * G)], eos)
+    T = max(len(c) for c in C)
+    comp = torch.tensor([c + [eos] * (T - len(c)) for c in C])
+    c_mask, truncated = completion_mask_from_ids(comp, [eos])
+    rollout = Rollout(prompts, p_mask, comp, c_mask, truncated, [""] * len(C))
+    return rollout, group_advantages(R, G, scale=trainer.args.resolved_scale_rewards)
+
+
+def _gradient(ctx: Ctx, path: str, dtype: str, name: str) -> dict:
+    """Every parameter's gradient of one update on :func:`_fixed_batch` in the run dtype ``dtype``."""
+    from gtpo import GTPOConfig, GTPOTrainer
+
+    trainer = GTPOTrainer(path, reward, [{"prompt": "p0"}, {"prompt": "p1"}], processing_class=ctx.tokenizer,
+                          args=GTPOConfig(output_dir=os.path.join(ctx.work, name), group_size=4, prompts_per_step=2,
+                                          micro_batch_size=8, max_grad_norm=0.0, entropy_threshold=100.0,
+                                          learning_rate=1e-6, disable_tqdm=True, log_completions_steps=0,
+                                          save_steps=0, seed=0, dtype=dtype))
+    rollout, adv = _fixed_batch(ctx, trainer)
+    grads = {}
+    trainer.optimizer.step = lambda *a, **k: grads.update(
+        {n: p.grad.detach().float().cpu().clone() for n, p in trainer.unwrapped_model.named_parameters()
+         if p.grad is not None})
+    trainer.update(rollout, adv, trainer.gtpo_inputs(rollout, adv))
+    del trainer
+    ctx.free()
+    return grads
+
+
+def _fixed_batch_learning(ctx: Ctx, path: str, dtype: str, updates: int = 10) -> list[float]:
+    """The mean per-token log-prob of :func:`_fixed_batch`'s positively rewarded completions minus that of the
+    negatively rewarded ones (float32 forward of the trainable weights), before and after each of ``updates``
+    updates on that batch in the run dtype ``dtype`` (lr 1e-4, constant)."""
+    from gtpo import GTPOConfig, GTPOTrainer
+
+    trainer = GTPOTrainer(path, reward, [{"prompt": "p0"}, {"prompt": "p1"}], processing_class=ctx.tokenizer,
+                          args=GTPOConfig(output_dir=os.path.join(ctx.work, f"fixed-{dtype}"), group_size=4,
+                                          prompts_per_step=2, micro_batch_size=8, entropy_threshold=100.0,
+                                          learning_rate=1e-4, lr_scheduler_type="constant", disable_tqdm=True,
+                                          log_completions_steps=0, save_steps=0, seed=0, dtype=dtype))
+    rollout, adv = _fixed_batch(ctx, trainer)
+    model = trainer.unwrapped_model
+    device = next(model.parameters()).device
+    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1).to(device)
+    mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1).to(device)
+    S, cm = rollout.prompt_ids.shape[1], rollout.completion_mask.to(device).float()
+
+    def margin() -> float:
+        was = model.training
+        model.eval()
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, S - 1:-1].float()
+        model.train(was)
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, S:, None])[..., 0]
+        per_row = (logp * cm).sum(1) / cm.sum(1)
+        a = adv.to(device)
+        return float(per_row[a > 0].mean() - per_row[a < 0].mean())
+
+    margins = [margin()]
+    for _ in range(updates):
+        trainer.update(rollout, adv, trainer.gtpo_inputs(rollout, adv))
+        margins.append(margin())
+    del trainer, model
+    ctx.free()
+    return margins
+
+
+def bf16_learning(ctx: Ctx) -> dict:
+    """Does a bf16 run learn? (1) after one step at lr 1e-6 of full fine-tuning in ``dtype: bfloat16`` the share
+    of weights that moved (float32 master weights: all with a gradient) and the share whose bf16 value (what the
+    forward computes with) changed; (2a) ten updates on one fixed batch in bf16 and in float32: the log-prob
+    margin of the positively over the negatively rewarded completions grows in both, bf16's gain at least half of
+    float32's; (2b) the reward of 15 sampled steps of bf16 full fine-tuning on a token reward (the share of even
+    token ids), with its slope and p-value (reported, not asserted); (3) the cosine between
+    the gradient of one update in bf16 and in float32 on the same fixed batch."""
+    from gtpo import GTPOConfig, GTPOTrainer
+
+    arch = ctx.arch("qwen2.5-0.5b", **({} if ctx.quick else {"num_hidden_layers": 4}))
+    model = build_model(ctx, arch, dtype=torch.float32, length=16 if not ctx.quick else 8, device="cpu")
+    path = save_model(ctx, model, "bf16-learning")
+    del model
+    # (1) lr 1e-6, full fine-tuning, bf16
+    trainer = _trainer(ctx, path, out_dir=os.path.join(ctx.work, "bf16-move"), T=8, dtype="bfloat16")
+    params = {n: p for n, p in trainer.unwrapped_model.named_parameters() if p.requires_grad}
+    before = {n: p.detach().float().clone() for n, p in params.items()}
+    trainer.step()
+    total = sum(p.numel() for p in params.values())
+    moved = sum(int((p.detach().float() != before[n]).sum()) for n, p in params.items())
+    moved_bf16 = sum(int((p.detach().to(torch.bfloat16) != before[n].to(torch.bfloat16)).sum())
+                     for n, p in params.items())
+    master = sorted({str(p.dtype).removeprefix("torch.") for p in params.values()})
+    del trainer, params, before
+    ctx.free()
+
+    # (2a) learning on a fixed batch: 10 updates, bf16 against float32, the log-prob margin of the positively
+    # rewarded completions over the negatively rewarded ones must grow in both
+    fixed = {dtype: _fixed_batch_learning(ctx, path, dtype) for dtype in ("float32", "bfloat16")}
+    gain32 = fixed["float32"][-1] - fixed["float32"][0]
+    gain16 = fixed["bfloat16"][-1] - fixed["bfloat16"][0]
+
+    # (2b) 15 sampled steps of bf16 full fine-tuning on a token reward (the share of completion tokens with an even
+    # id): reported with its least-squares slope and p-value, not asserted (a random-weight model's reward moves
+    # slowly and noisily)
+    def even_share(completions, completion_ids, **kwargs):
+        return [sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1) for ids in completion_ids]
+
+    args = GTPOConfig(output_dir=os.path.join(ctx.work, "bf16-reward"), group_size=16, prompts_per_step=3,
+                      max_steps=15, max_completion_length=16 if not ctx.quick else 8, max_prompt_length=64,
+                      learning_rate=5e-5 if not ctx.quick else 1e-3, lr_scheduler_type="constant", save_steps=0,
+                      log_completions_steps=0, disable_tqdm=True, seed=0, entropy_threshold=100.0, dtype="bfloat16")
+    trainer = GTPOTrainer(path, even_share, [{"prompt": p} for p in PROMPTS], args=args,
+                          processing_class=ctx.tokenizer)
+    rewards = [float(_metric(trainer.step(), "reward")) for _ in range(15)]
+    del trainer
+    ctx.free()
+    from scipy.stats import linregress
+
+    fit = linregress(range(len(rewards)), rewards)
+
+    # (3) gradient cosine, bf16 against float32, the same fixed batch
+    g32, g16 = _gradient(ctx, path, "float32", "grad-fp32"), _gradient(ctx, path, "bfloat16", "grad-bf16")
+    names = sorted(set(g32) & set(g16))
+    a = torch.cat([g32[n].flatten() for n in names])
+    b = torch.cat([g16[n].flatten() for n in names])
+    cosine = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+    out = {"lr": 1e-6, "master_dtype": master, "moved_share": moved / total, "moved_share_in_bf16": moved_bf16 / total,
+           "fixed_batch_margin": fixed, "margin_gain_fp32": gain32, "margin_gain_bf16": gain16,
+           "token_reward": rewards, "token_reward_slope": fit.slope, "token_reward_slope_p": fit.pvalue,
+           "grad_cosine_bf16_fp32": cosine, "same_params": set(g32) == set(g16),
+           "ok": moved / total > 0.5 and gain32 > 0 and gain16 > 0.5 * gain32 and cosine > 0.99
+           and set(g32) == set(g16)}
+    return out
+
+
+def check_resume(ctx: Ctx) -> dict:
+    """Step 2 after resuming from the step-1 checkpoint equals the uninterrupted step 2: the loss and every
+    weight (float32, gtpo's trainer; the same kernels in the same order on one machine)."""
+    from gtpo import GTPOConfig, GTPOTrainer
+    from safetensors.torch import load_file
+
+    model = build_model(ctx, ctx.arch("qwen2.5-0.5b", num_hidden_layers=2), dtype=torch.float32, length=8,
+                        device="cpu")
+    path = save_model(ctx, model, "resume")
+    del model
+
+    def run(name: str, steps: int, resume=None):
+        out_dir = os.path.join(ctx.work, name)
+        args = GTPOConfig(output_dir=out_dir, group_size=ctx.G, prompts_per_step=1, max_steps=steps,
+                          max_completion_length=8, max_prompt_length=64, learning_rate=1e-5, save_steps=1,
+                          lr_scheduler_type="constant",  # the 1-step run's schedule is the 2-step run's
+                          log_completions_steps=0, disable_tqdm=True, seed=0, entropy_threshold=100.0,
+                          report_to="none")
+        GTPOTrainer(path, reward, [{"prompt": p} for p in PROMPTS], args=args,
+                    processing_class=ctx.tokenizer).train(resume_from_checkpoint=resume)
+        ctx.free()
+        with open(os.path.join(out_dir, "metrics.jsonl")) as fh:
+            losses = {r["step"]: r["loss"] for r in map(json.loads, fh) if "loss" in r}
+        weights = load_file(os.path.join(out_dir, "model.safetensors"))
+        return losses, weights
+
+    whole, w_whole = run("resume-whole", 2)
+    run("resume-first", 1)
+    resumed, w_resumed = run("resume-second", 2, os.path.join(ctx.work, "resume-first", "checkpoint-1"))
+    diff = max(float((w_whole[k].float() - w_resumed[k].float()).abs().max()) for k in w_whole)
+    differing = sum(int((w_whole[k] != w_resumed[k]).sum()) for k in w_whole) / sum(v.numel() for v in w_whole.values())
+    l_whole, l_resumed = whole.get(2), resumed.get(2)
+    same = set(w_whole) == set(w_resumed) and l_whole is not None and l_resumed is not None
+    if ctx.cuda:  # CUDA's embedding backward accumulates with atomics: bitwise only under deterministic algorithms
+        same = same and abs(l_whole - l_resumed) <= 1e-5 * max(1.0, abs(l_whole)) and differing < 0.01 and diff <= 2e-5
+    else:
+        same = same and l_whole == l_resumed and diff == 0.0
+    return {"loss_step2_whole": l_whole, "loss_step2_resumed": l_resumed, "max_weight_diff": diff,
+            "share_of_weights_differing": differing, "rule": "bitwise" if not ctx.cuda else "tolerance (CUDA atomics)",
+            "ok": bool(same)}
+
+
 # ----------------------------------------------------------------------------- main
 def write_result(result: dict) -> str:
     """``result`` as one JSON line, written to ``$OUT/gpu_check.json`` when ``OUT`` names a directory."""
@@ -510,8 +939,12 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny models of the same architectures, 1 step each")
     parser.add_argument("--length", type=int, default=512, help="completion tokens of the steps (T)")
     parser.add_argument("--long-length", type=int, default=1500, help="T of the peak-memory step")
-    parser.add_argument("--only", default=None, help="comma-separated parts to run (head, shared_prefix, decode, "
-                        "qlora_grad, steps, long, trl)")
+    parser.add_argument("--only", default=None, help="comma-separated parts to run (environment, head, trl, resume, "
+                        "sampling_sync, reward_model, bf16_learning, throughput, qlora_grad, decode, shared_prefix, "
+                        "steps, long)")
+    parser.add_argument("--budget-s", type=float, default=450.0,
+                        help="seconds the whole check may take: a part whose estimate (on one H200) no longer fits "
+                             "is skipped with the reason 'budget' (default 450: one device call of ~8 minutes)")
     args = parser.parse_args(argv)
     if not args.cpu and not torch.cuda.is_available():
         print("gpu_check: no CUDA device here; run it on a GPU machine (scripts/gpu-check.sh) or with --cpu --quick")
@@ -526,34 +959,53 @@ def main(argv=None) -> int:
 
     result = {"date": time.strftime("%Y-%m-%d"), "device": where, "torch": torch.__version__,
               "cuda": torch.version.cuda, "transformers": transformers.__version__, "quick": ctx.quick,
-              "T": ctx.T, "G": ctx.G, "correctness": {}, "steps": {}, "trl_vs_ours": {}, "failures": {},
+              "T": ctx.T, "G": ctx.G, "correctness": {}, "steps": {}, "throughput": {}, "trl_vs_ours": {}, "failures": {},
               "parts": {}}
     print(f"gpu_check on {where}: torch {torch.__version__} (CUDA {torch.version.cuda}), transformers "
           f"{transformers.__version__}; {'toy sizes' if ctx.quick else 'Qwen2.5-3B / Llama-3.1-8B architectures'}",
           flush=True)
 
     steps = 1 if ctx.quick else 2
-    plan = [  # (part, group of --only, function, where its result goes)
-        ("head", "head", lambda: check_head(ctx), result["correctness"]),
-        ("shared_prefix", "shared_prefix", lambda: check_shared_prefix(ctx), result["correctness"]),
-        ("decode", "decode", lambda: check_decode(ctx), result["correctness"]),
-        ("qlora_grad", "qlora_grad", lambda: check_qlora_grad(ctx), result["correctness"]),
+    # ordered by value: what a user needs to know first; (estimated GPU seconds) for the budget
+    plan = [  # (part, group of --only, function, where its result goes, estimated seconds on the GPU)
+        ("environment", "environment", lambda: check_environment(ctx), result, 5),
+        ("head", "head", lambda: check_head(ctx), result["correctness"], 5),
+        ("trl_vs_ours", "trl", lambda: trl_vs_ours(ctx), result, 30),
+        ("resume", "resume", lambda: check_resume(ctx), result["correctness"], 30),
+        ("sampling_sync", "sampling_sync", lambda: check_sampling_sync(ctx), result["correctness"], 20),
+        ("reward_model", "reward_model", lambda: check_reward_model(ctx), result["correctness"], 15),
+        ("bf16_learning", "bf16_learning", lambda: bf16_learning(ctx), result["correctness"], 60),
+        ("throughput qwen2.5-0.5b", "throughput", lambda: throughput_vs_trl(ctx, "qwen2.5-0.5b"), result["throughput"],
+         60),
+        ("throughput qwen2.5-1.5b", "throughput", lambda: throughput_vs_trl(ctx, "qwen2.5-1.5b"), result["throughput"],
+         80),
+        ("qlora_grad", "qlora_grad", lambda: check_qlora_grad(ctx), result["correctness"], 40),
+        ("decode", "decode", lambda: check_decode(ctx), result["correctness"], 15),
+        ("shared_prefix", "shared_prefix", lambda: check_shared_prefix(ctx), result["correctness"], 15),
+        # ("sharded", "sharded", ...): TRL's engine under fsdp2 / zero2 / zero3 (issue 43), when it exists
         ("bf16 LoRA", "steps", lambda: run_steps(ctx, "bf16 LoRA", arch="qwen2.5-3b", peft=LORA, quantized=False,
-                                                 steps=steps, T=ctx.T), result["steps"]),
-        ("QLoRA", "steps", lambda: run_steps(ctx, "QLoRA", arch="llama3.1-8b", peft=LORA, quantized=True, steps=steps,
-                                             T=ctx.T, optim="paged_adamw_8bit"), result["steps"]),
+                                                 steps=steps, T=ctx.T), result["steps"], 100),
         ("full fine-tuning", "steps", lambda: run_steps(ctx, "full fine-tuning", arch="qwen2.5-3b", peft=None,
-                                                        quantized=False, steps=steps, T=ctx.T), result["steps"]),
+                                                        quantized=False, steps=steps, T=ctx.T), result["steps"], 45),
+        ("QLoRA", "steps", lambda: run_steps(ctx, "QLoRA", arch="llama3.1-8b", peft=LORA, quantized=True, steps=steps,
+                                             T=ctx.T, optim="paged_adamw_8bit"), result["steps"], 155),
         ("full fine-tuning T long", "long", lambda: run_steps(ctx, "full fine-tuning T long", arch="qwen2.5-3b",
                                                               peft=None, quantized=False, steps=1, T=ctx.T_long),
-         result["steps"]),
-        ("trl_vs_ours", "trl", lambda: trl_vs_ours(ctx), result),
+         result["steps"], 170),
     ]
-    for key, group, fn, bucket in plan:
+    for key, group, fn, bucket, estimate in plan:
         if only is not None and group not in only:
             continue
         t0 = time.perf_counter()
         error = None
+        used = t0 - started
+        if used + (estimate if not ctx.quick else 0) > args.budget_s:
+            bucket[key] = skipped(f"budget: {used:.0f} s of --budget-s {args.budget_s:.0f} used, this part needs "
+                                  f"about {estimate} s on one H200")
+            result["parts"][key] = part_status(bucket[key], None)
+            print(f"[{used:6.1f} s] {key}: skipped (budget)", flush=True)
+            write_result(result)
+            continue
         try:
             bucket[key] = fn()
         except Exception as err:  # noqa: BLE001 -- recorded; the other parts still run
@@ -579,6 +1031,14 @@ def main(argv=None) -> int:
     print("parts:", ", ".join(f"{k} {v['status'].upper() if v['status'] == 'failed' else v['status']}"
                               + (f" ({v['reason']})" if v["status"] == "skipped" else "")
                               for k, v in result["parts"].items()))
+    tp = [(k, mode, v[mode]) for k, v in result["throughput"].items() for mode in ("lora", "full") if mode in v]
+    if tp:
+        print(f"\n{'throughput vs TRL':26} {'mode':5} {'step s ours/TRL':>15} {'rollout tok/s ours/TRL':>22} "
+              f"{'update s ours/TRL':>17} {'peak alloc ours/TRL':>19}")
+        for k, mode, v in tp:
+            r = v["ours_over_trl"]
+            alloc = f"{r['peak_allocated']:.2f}" if "peak_allocated" in r else "-"
+            print(f"{k:26} {mode:5} {r['step_s']:15.2f} {r['rollout_tok_s']:22.2f} {r['update_s']:17.2f} {alloc:>19}")
     if result["failures"]:
         print("failures:", json.dumps(result["failures"]))
     print(f"{len(ran)} of {len(result['parts'])} parts ran; "

@@ -6,13 +6,14 @@
 #   bash scripts/gpu-check.sh prepare   # HERE (a machine with PyPI): the wheels the GPU machine lacks, unpacked
 #                                       # into .gpucheck/site (git-ignored); bitsandbytes keeps only its CUDA 13
 #                                       # and CPU libraries (43 MB -> ~8 MB); prints what will travel
-#   bash scripts/gpu-check.sh run       # THERE: the check with .gpucheck/site and src/ on PYTHONPATH, ~5 minutes
-#                                       # on one H200; $OUT/gpu_check.json (+ gpu_check.log) hold the results
+#   bash scripts/gpu-check.sh run       # THERE: the check with .gpucheck/site and src/ on PYTHONPATH, within its
+#                                       # --budget-s (450 s); $OUT/gpu_check.json (+ gpu_check.log) hold the results
 #
 # With the device tool of this workplace: prepare here, then one call
 #   run(command="bash scripts/gpu-check.sh run", carry=[".gpucheck"], timeout_s=540)
 # and record what it printed in docs/performance.md with the date and the GPU. `run -- --only head,decode` passes
-# options to bench/gpu_check.py (parts: head, shared_prefix, decode, qlora_grad, steps, long, trl).
+# options to bench/gpu_check.py (parts: environment, head, trl, resume, sampling_sync, reward_model, bf16_learning,
+# throughput, qlora_grad, decode, shared_prefix, steps, long; --budget-s SECONDS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=.gpucheck
@@ -50,7 +51,7 @@ EOF
     echo "gpu-check prepare: over 64 MiB: the check cannot travel as it is" >&2
     exit 1
   fi
-  echo "next: run(command=\"bash scripts/gpu-check.sh run\", carry=[\"$DIR\"], timeout_s=540)"
+  echo "next: run(command=\"bash scripts/gpu-check.sh run\", carry=[\"$DIR\"], timeout_s=520)"
 }
 
 run() {

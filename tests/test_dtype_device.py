@@ -479,6 +479,18 @@ def test_gpu_check_runs_on_cpu_quick(tmp_path):
     for name in ("bf16 LoRA", "QLoRA", "full fine-tuning"):
         assert result["steps"][name]["tokens_per_s"] > 0, name
     assert result["trl_vs_ours"]["ok"], result["trl_vs_ours"]
+    # issue 42's parts: each ran and checked what it says
+    c = result["correctness"]
+    assert result["environment"]["versions"]["peft"] and result["environment"]["matmul_tflops"] > 0
+    assert c["resume"]["ok"] and c["resume"]["max_weight_diff"] == 0.0, c["resume"]
+    assert c["sampling_sync"]["identical"] and c["sampling_sync"]["rows_ending_with_eos"] > 0, c["sampling_sync"]
+    assert c["reward_model"]["reward_model_device"] == "cpu", c["reward_model"]
+    learn = c["bf16_learning"]
+    assert learn["ok"] and learn["master_dtype"] == ["float32"] and learn["grad_cosine_bf16_fp32"] > 0.99, learn
+    for arch in ("qwen2.5-0.5b", "qwen2.5-1.5b"):
+        for mode in ("lora", "full"):
+            ratios = result["throughput"][f"throughput {arch}"][mode]["ours_over_trl"]
+            assert all(v > 0 for v in ratios.values()), (arch, mode, ratios)
     # every part ran here (bitsandbytes, trl installed), so each says passed
     assert result["ok"] is True and {v["status"] for v in result["parts"].values()} == {"passed"}, result["parts"]
 
@@ -512,3 +524,21 @@ def test_gpu_check_skipped_parts_say_skipped_and_do_not_count(tmp_path, monkeypa
     assert "gtpo.integrations.trl" in result["parts"]["trl_vs_ours"]["reason"]
     assert result["parts"]["decode"]["status"] == ("passed" if decode_ok else "failed")
     assert result["ok"] is decode_ok and code == (0 if decode_ok else 1)
+
+
+def test_gpu_check_parts_past_the_budget_are_skipped_with_the_reason(tmp_path, monkeypatch):
+    """--budget-s: a part whose estimated GPU time no longer fits is skipped with the reason 'budget' (on the
+    GPU; --quick runs every part whatever the budget, so the CPU path is exercised without it)."""
+    gpu_check = _gpu_check_module()
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(gpu_check, "check_environment", lambda ctx: {"versions": {}})
+    monkeypatch.setattr(gpu_check, "check_head", lambda ctx: {"ok": True})
+    monkeypatch.setattr(gpu_check.Ctx, "__init__", lambda self, args: (
+        setattr(self, "quick", False), setattr(self, "cuda", False), setattr(self, "device", gpu_check.torch.device("cpu")),
+        setattr(self, "T", 8), setattr(self, "T_long", 8), setattr(self, "G", 4))[0])
+    code = gpu_check.main(["--cpu", "--only", "environment,head,trl", "--budget-s", "10"])
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert result["parts"]["environment"]["status"] == "passed" and result["parts"]["head"]["status"] == "passed"
+    assert result["parts"]["trl_vs_ours"] == {"status": "skipped", "reason": result["parts"]["trl_vs_ours"]["reason"]}
+    assert result["parts"]["trl_vs_ours"]["reason"].startswith("budget:")
+    assert code == 0
