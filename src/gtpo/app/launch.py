@@ -19,7 +19,8 @@ from .launch_names import launch_option_names
 
 logger = logging.getLogger("gtpo")
 
-__all__ = ["LAUNCHED_ENV", "launch_option_names", "launched", "relaunch", "split_launch_options", "trainer_keys"]
+__all__ = ["LAUNCHED_ENV", "check_machines", "launch_option_names", "launched", "relaunch", "split_launch_options",
+           "trainer_keys"]
 
 #: set for the processes gtpo started under ``accelerate launch``: they train, they do not launch again
 LAUNCHED_ENV = "GTPO_ACCELERATE_LAUNCHED"
@@ -75,6 +76,35 @@ def split_launch_options(spec: dict[str, Any], *, source: str,
     return rest, args
 
 
+def check_machines(spec: dict[str, Any], *, source: str) -> None:
+    """Refuse, before any process starts, what ``accelerate launch`` would only find out by waiting at the rendezvous:
+    ``machine_rank`` outside ``0 .. num_machines - 1`` (the YAML's keys over its ``accelerate_config`` file's) and a
+    ``main_process_port`` outside 1-65535 (a port in use accelerate launch refuses itself: :func:`relaunch`)."""
+    values: dict[str, Any] = {}
+    config = spec.get("accelerate_config")
+    if isinstance(config, str) and os.path.isfile(config):
+        import yaml
+
+        with open(config) as fh:
+            values.update(yaml.safe_load(fh) or {})
+    values.update({k: v for k, v in spec.items() if v is not None})
+    try:
+        machines = int(values.get("num_machines", 1))
+        rank = int(values.get("machine_rank", 0))
+        port = None if values.get("main_process_port") is None else int(values["main_process_port"])
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{source}: num_machines, machine_rank and main_process_port must be integers ({err})") \
+            from None
+    if machines < 1:
+        raise ConfigError(f"{source}: num_machines must be at least 1, got {machines}")
+    if not 0 <= rank < machines:
+        raise ConfigError(f"{source}: machine_rank {rank} is out of range for num_machines {machines}: the machines "
+                          f"are ranked 0 to {machines - 1} (0 is the main node, whose main_process_ip the others "
+                          "reach); accelerate launch would wait at the rendezvous for a node that never comes")
+    if port is not None and not 0 < port < 65536:
+        raise ConfigError(f"{source}: main_process_port {port} is not a TCP port (1-65535)")
+
+
 def launched() -> bool:
     """Whether this process was started by :func:`relaunch` (it trains; the YAML's launch options are done)."""
     return os.environ.get(LAUNCHED_ENV) == "1"
@@ -95,6 +125,8 @@ def relaunch(launch_args: list[str], argv: list[str]) -> int:
         launch_command(args)
     except subprocess.CalledProcessError as err:
         return err.returncode or 1
+    except (ConnectionError, ValueError) as err:  # accelerate's refusals (a port in use, ...): its message, no trace
+        raise ConfigError(f"accelerate launch {' '.join(launch_args)}: {err}") from None
     finally:
         os.environ.pop(LAUNCHED_ENV, None)
     return 0

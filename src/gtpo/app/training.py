@@ -164,12 +164,13 @@ def run_training(spec: dict[str, Any], *, source: str, argv: list[str] | None = 
     :class:`~gtpo.errors.CheckpointError` with a note naming the resume command."""
     hooks = hooks or RunHooks()
     from ..run.models import import_bitsandbytes_quietly
-    from .launch import launched, relaunch, split_launch_options
+    from .launch import check_machines, launched, relaunch, split_launch_options
 
     import_bitsandbytes_quietly(quantizing=_quantizes(spec))  # before the launch keys are told from TRL's (TRL
 
-    spec, launch_args = split_launch_options(spec, source=source)  # imports bitsandbytes): num_processes, ...
+    asked, (spec, launch_args) = spec, split_launch_options(spec, source=source)  # imports bitsandbytes): ...
     if launch_args and not launched():
+        check_machines(asked, source=source)  # ranks and the main port, before any process starts
         if argv is None:
             raise ConfigError(f"{source}: accelerate launch options ({' '.join(launch_args)}) start `gtpo train` "
                               "again under accelerate launch, which needs the command line: run `gtpo train`, or "

@@ -113,6 +113,9 @@ REFUSED: dict[str, str] = {
     "vllm_tensor_parallel_size": "gtpo's trainer runs one vLLM engine per process without tensor parallelism: "
                                  "engine: trl",
 }
+REFUSED["save_on_each_node"] = "gtpo's trainer saves from the main process into one output_dir that every node must " \
+                               "see (a shared file system; docs/gpu.md, several nodes): for a copy on each node's " \
+                               "own disk, train with engine: trl"
 REFUSED["datasets"] = "TRL's dataset mixtures are not supported (on either engine): give one dataset as dataset_name"
 REFUSED["dataset_streaming"] = "the dataset is loaded whole (on either engine): save a local copy with " \
                                "datasets.load_dataset(...).save_to_disk(DIR) and give DIR as dataset_name"

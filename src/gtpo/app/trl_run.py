@@ -71,7 +71,8 @@ def run_trl_training(inputs: RunInputs, *, spec: dict[str, Any], source: str = "
     args.device  # noqa: B018 (TrainingArguments sets up its process state on first use)
     trl_state = getattr(args, "distributed_state", None) or PartialState()
     check_launch(trl_state, engine="trl")
-    lock = claim_run_directory(config.output_dir, trl_state)  # one run at a time in output_dir, for the run's life
+    # one run at a time in output_dir, for the run's life; seen by every process unless each node saves its own copy
+    lock = claim_run_directory(config.output_dir, trl_state, shared=not getattr(args, "save_on_each_node", False))
     try:
         return _train(inputs, args, options, model, evaluating, trl_state, hooks)
     finally:
