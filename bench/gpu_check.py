@@ -44,6 +44,9 @@ the largest gradient difference (skipped where trl or datasets cannot be importe
   their bf16 values; ten updates on one fixed batch in bf16 and float32 (the log-prob margin of the positively
   over the negatively rewarded completions grows in both); a token reward over 15 sampled steps (slope and p,
   reported); the gradient cosine bf16 vs float32;
+* ``sharded``: TRL's engine under TRL's shipped ``fsdp2.yaml``, ``zero2.yaml`` and ``zero3.yaml`` (one process): two
+  GTPO steps, a checkpoint each, a resume; the losses against the plain run's (on CPU processes accelerate does not
+  shard: the part checks that gtpo refuses each config before the model loads);
 * ``throughput``: gtpo's trainer and TRL's ``GRPOTrainer`` on random-weight Qwen2.5-0.5B and -1.5B shapes, bf16
   LoRA and full fine-tuning, 1 prompt x 8 completions of exactly 128 tokens, no vLLM: rollout tokens/s, update
   time, step time, peak allocated and reserved memory, as ratios ours/TRL.
@@ -928,6 +931,108 @@ def check_resume(ctx: Ctx) -> dict:
             "ok": bool(same)}
 
 
+# ----------------------------------------------------------------------------- (e) FSDP and DeepSpeed (issue 43)
+SHARDED_CONFIGS = ("fsdp2.yaml", "zero2.yaml", "zero3.yaml")  # as TRL ships them (trl/accelerate_configs/)
+
+
+def _sharded_run(ctx: Ctx, model_path: str, name: str, *, config: str | None, resume: str | None = None,
+                 max_steps: int = 2) -> tuple[int, str, dict]:
+    """``gtpo train`` on TRL's engine (``engine: trl``), two steps of GTPO with a checkpoint each step, under
+    ``accelerate launch --config_file config --num_processes 1`` (one process is enough to exercise the wrapping and
+    the sharded state dicts) or plainly (``config`` None); (exit status, stderr, {step: loss})."""
+    import subprocess
+
+    import yaml
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    data = os.path.join(ctx.work, "sharded-train.jsonl")
+    with open(data, "w") as fh:
+        fh.writelines(json.dumps({"question": p, "answer": "1"}) + "\n" for p in PROMPTS * 2)
+    out = os.path.join(ctx.work, f"sharded-{name}")
+    spec = {"model": model_path, "engine": "trl", "dataset": {"name": data, "template": "plain"},
+            "reward_funcs": [f"{os.path.abspath(__file__)}:reward"], "output_dir": out, "group_size": 4,
+            "prompts_per_step": 2, "max_steps": max_steps, "max_completion_length": 8, "save_steps": 1,
+            "log_completions_steps": 0, "disable_tqdm": True, "learning_rate": 1e-5, "lr_scheduler_type": "constant",
+            "seed": 0, "entropy_threshold": 100.0, "dtype": "bfloat16" if ctx.cuda else "float32"}
+    cfg = os.path.join(ctx.work, f"sharded-{name}.yaml")
+    with open(cfg, "w") as fh:
+        yaml.safe_dump(spec, fh)
+    command = [sys.executable, "-m", "gtpo.cli", "train", cfg]
+    if resume is not None:
+        command += ["--resume_from_checkpoint", resume]
+    if config is not None:
+        accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
+        launcher = [accelerate] if os.path.exists(accelerate) else [sys.executable, "-m", "accelerate.commands.launch"]
+        command = launcher + (["launch"] if launcher[0] == accelerate else []) + [
+            "--config_file", config, "--num_processes", "1", "--num_machines", "1", "--main_process_port", "0",
+            "-m", "gtpo.cli", "train", cfg] + command[5:]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in [os.path.join(root, "src"), os.environ.get("PYTHONPATH")] if p)}
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    losses = {}
+    if os.path.exists(os.path.join(out, "metrics.jsonl")):
+        with open(os.path.join(out, "metrics.jsonl")) as fh:
+            losses = {r["step"]: r["loss"] for r in map(json.loads, fh) if "loss" in r and "step" in r}
+    return proc.returncode, proc.stderr, losses
+
+
+def check_sharded(ctx: Ctx) -> dict:
+    """TRL's engine under TRL's shipped ``fsdp2.yaml``, ``zero2.yaml`` and ``zero3.yaml`` (one process): two steps
+    of GTPO with a checkpoint each, then a resume from ``checkpoint-1`` into a new directory; each step's loss
+    against the plain run's (bf16 on the GPU: within 2 % of the loss scale, bf16's rounding of the same batch in
+    another layout), and the resumed step 2 against the uninterrupted one. On CPU processes accelerate does not
+    shard: gtpo refuses each config before the model loads (tests/test_launch.py), which this part checks there."""
+    import importlib.util
+
+    try:
+        import trl
+    except ImportError as err:
+        return skipped(f"{type(err).__name__}: {err}")
+    model = build_model(ctx, ctx.arch("qwen2.5-0.5b", **({} if ctx.quick else {"num_hidden_layers": 4})),
+                        dtype=torch.float32, length=8, device="cpu")
+    path = save_model(ctx, model, "sharded-model")
+    del model
+    code, err, plain = _sharded_run(ctx, path, "plain", config=None)
+    if code != 0:
+        return {"plain": {"error": err[-2000:]}, "ok": False}
+    out, ok = {"plain_losses": plain}, True
+    shipped = os.path.join(os.path.dirname(trl.__file__), "accelerate_configs")
+    for name in SHARDED_CONFIGS:
+        config = os.path.join(shipped, name)
+        key = name.removesuffix(".yaml")
+        if key.startswith("zero") and importlib.util.find_spec("deepspeed") is None:
+            out[key] = skipped("deepspeed is not installed")
+            continue
+        code, err, losses = _sharded_run(ctx, path, key, config=config)
+        if not ctx.cuda:
+            asked = "FSDP" if key.startswith("fsdp") else "DEEPSPEED"
+            refused = code != 0 and not losses and any("gtpo train: error:" in line and asked in line.upper()
+                                                       for line in err.splitlines())
+            out[key] = {"status": "refused on CPU (accelerate shards only on accelerators)", "refused": refused,
+                        "message": next((line for line in err.splitlines() if "gtpo train: error:" in line), "")[:400]}
+            ok &= refused
+            continue
+        if code != 0:
+            out[key] = {"error": err[-2000:], "ok": False}
+            ok = False
+            continue
+        code_r, err_r, resumed = _sharded_run(ctx, path, key + "-resumed", config=config,
+                                              resume=os.path.join(ctx.work, f"sharded-{key}", "checkpoint-1"))
+        scale = max(1.0, max(abs(v) for v in plain.values()))
+        diffs = {step: abs(losses[step] - plain[step]) for step in plain if step in losses}
+        res = {"losses": losses, "max_loss_diff_vs_plain": max(diffs.values()) if diffs else None,
+               "resumed_exit": code_r, "resumed_losses": resumed,
+               "resume_step2_diff": abs(resumed[2] - losses[2]) if 2 in resumed and 2 in losses else None}
+        res["ok"] = (len(diffs) == len(plain) and max(diffs.values()) <= 0.02 * scale and code_r == 0
+                     and res["resume_step2_diff"] is not None and res["resume_step2_diff"] <= 0.02 * scale)
+        if code_r != 0:
+            res["resume_error"] = err_r[-2000:]
+        out[key] = res
+        ok &= res["ok"]
+    out["ok"] = bool(ok)
+    return out
+
+
 # ----------------------------------------------------------------------------- main
 def write_result(result: dict) -> str:
     """``result`` as one JSON line, written to ``$OUT/gpu_check.json`` when ``OUT`` names a directory."""
@@ -947,7 +1052,7 @@ def main(argv=None) -> int:
     parser.add_argument("--long-length", type=int, default=1500, help="T of the peak-memory step")
     parser.add_argument("--only", default=None, help="comma-separated parts to run (environment, head, trl, resume, "
                         "sampling_sync, reward_model, bf16_learning, throughput, qlora_grad, decode, shared_prefix, "
-                        "steps, long)")
+                        "sharded, steps, long)")
     parser.add_argument("--budget-s", type=float, default=450.0,
                         help="seconds the whole check may take: a part whose estimate (on one H200) no longer fits "
                              "is skipped with the reason 'budget' (default 450: one device call of ~8 minutes)")
@@ -988,7 +1093,7 @@ def main(argv=None) -> int:
         ("qlora_grad", "qlora_grad", lambda: check_qlora_grad(ctx), result["correctness"], 40),
         ("decode", "decode", lambda: check_decode(ctx), result["correctness"], 15),
         ("shared_prefix", "shared_prefix", lambda: check_shared_prefix(ctx), result["correctness"], 15),
-        # ("sharded", "sharded", ...): TRL's engine under fsdp2 / zero2 / zero3 (issue 43), when it exists
+        ("sharded", "sharded", lambda: check_sharded(ctx), result["correctness"], 120),
         ("bf16 LoRA", "steps", lambda: run_steps(ctx, "bf16 LoRA", arch="qwen2.5-3b", peft=LORA, quantized=False,
                                                  steps=steps, T=ctx.T), result["steps"], 100),
         ("full fine-tuning", "steps", lambda: run_steps(ctx, "full fine-tuning", arch="qwen2.5-3b", peft=None,

@@ -19,6 +19,11 @@ cd "$(dirname "$0")/.."
 DIR=.gpucheck
 # pure-Python wheels (any Python), multiprocess for Python 3.12, bitsandbytes for manylinux x86-64
 WHEELS=(trl==1.16.0 datasets==4.8.4 dill==0.4.0 multiprocess==0.70.18 bitsandbytes==0.50.2)
+# DeepSpeed for the sharded part (TRL's zero2/zero3 configs): its wheel is built here from the sdist (setup.py imports
+# torch: .venv's, no ops compiled, DS_BUILD_OPS=0: ZeRO with the trainer's torch optimizer needs none), and the
+# dependencies the GPU machine may lack
+DS_VERSION=0.19.8
+DS_DEPS=(einops hjson msgpack ninja py-cpuinfo "pydantic>=2" pydantic-core annotated-types typing-inspection)
 
 prepare() {
   rm -rf "$DIR"
@@ -26,7 +31,13 @@ prepare() {
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
-    -d "$DIR/wheels" "${WHEELS[@]}"
+    -d "$DIR/wheels" "${WHEELS[@]}" "${DS_DEPS[@]}"
+  if [ -x .venv/bin/pip ]; then
+    DS_BUILD_OPS=0 .venv/bin/pip wheel -q --no-deps --no-build-isolation -w "$DIR/wheels" "deepspeed==$DS_VERSION"
+  else
+    echo "gpu-check prepare: no .venv (bash scripts/install.sh test): deepspeed not carried, the sharded part's" \
+         "zero2/zero3 runs will be skipped" >&2
+  fi
   python3 - "$DIR" <<'EOF'
 import glob, os, re, sys, zipfile
 root = sys.argv[1]
