@@ -176,3 +176,69 @@ def test_group_inputs_and_token_advantages_with_holes():
     assert not gi.conflict_run[mask_t == 0].any()
     tok = method.token_advantages(adv_t, gi, mask_t, cfg)
     assert (tok[mask_t == 0] == 0).all()
+
+
+@pytest.mark.parametrize("preset", ["official", "paper"])
+def test_whole_method_on_holes_equals_the_batch_without_tool_segments(preset):
+    """The composition every engine runs (loss mask, lambda / n_conflict, <H>_i and the entropy filter, the shift,
+    token-level advantages, the loss and its gradient) on a batch with tool segments equals it on the same batch with
+    the tool segments cut out (the definition of docs/method.md "Multi-turn completions"), whatever the tool
+    tokens' ids and entropies."""
+    from gtpo.maths.advantages import group_advantages
+    from gtpo.maths.losses import gtpo_loss
+
+    cfg = GTPOConfig.from_preset(preset, group_size=4)
+    g = torch.Generator().manual_seed(0)
+    P, G, L = 3, 4, 9
+    N = P * G
+    ids_c = torch.randint(3, 9, (N, L), generator=g)
+    ids_c[:, :2] = 4
+    lengths = torch.randint(3, L + 1, (N,), generator=g)
+    mask_c = (torch.arange(L)[None] < lengths[:, None]).float()
+    ent_c = torch.rand(N, L, generator=g, dtype=torch.float64) * torch.linspace(0.2, 2.0, N)[:, None].double()
+    logp_c = -torch.rand(N, L, generator=g, dtype=torch.float64) * 3
+    old_c = logp_c + 0.3 * torch.randn(N, L, generator=g, dtype=torch.float64)
+    rewards = torch.randint(0, 3, (N,), generator=g).float()
+    rewards[G:2 * G] = 1.0  # a group with all-equal rewards
+    # the agent-loop view: a tool segment (ids that would conflict, huge entropy) after `cut` model tokens
+    W = L + 4
+    ids_h, mask_h = torch.full((N, W), 4), torch.zeros(N, W)
+    ent_h = torch.full((N, W), 50.0, dtype=torch.float64)
+    logp_h, old_h = torch.zeros(N, W, dtype=torch.float64), torch.zeros(N, W, dtype=torch.float64)
+    pos = torch.zeros(N, L, dtype=torch.long)
+    for i in range(N):
+        cut, tool = int(torch.randint(1, 3, (1,), generator=g)), int(torch.randint(1, 5, (1,), generator=g))
+        where = [k if k < cut else k + tool for k in range(L)]
+        pos[i] = torch.tensor(where)
+        ids_h[i, where], ent_h[i, where], logp_h[i, where], old_h[i, where] = ids_c[i], ent_c[i], logp_c[i], old_c[i]
+        mask_h[i, where] = mask_c[i]
+    mask_h[2] = 0  # a completion that is all tool tokens ...
+    mask_c[2] = 0  # ... has no model token in the compacted view either
+
+    def run(ids, mask, ent, logp, old):
+        mask = method.loss_mask(mask, None, mask_truncated_completions=False)
+        adv = group_advantages(rewards, G, scale=cfg.resolved_scale_rewards)
+        inputs = method.group_inputs(ids, mask, adv, cfg)
+        seq = method.completion_entropy(ent, mask)
+        initial = (method.initial_entropy_value(method.initial_entropy_sums(seq, mask))
+                   if method.uses_initial_entropy(cfg) else None)
+        eff = method.effective_advantages(adv, seq, cfg, initial_entropy=initial, shift_mask=inputs.shift_mask,
+                                          sign_rows=inputs.sign_mask)
+        tok = method.token_advantages(eff.advantages, inputs, mask, cfg)
+        leaf = logp.clone().requires_grad_(True)
+        out = gtpo_loss(leaf, mask, eff.advantages, token_weights=inputs.token_weights, n_conflict=inputs.n_conflict,
+                        old_logp=old, eps_low=cfg.epsilon, eps_high=cfg.resolved_epsilon_high,
+                        divide_by_conflict_count=cfg.divide_by_conflict_count,
+                        completion_reduction=cfg.completion_reduction, group_size=G)
+        out.loss.backward()
+        return tok, inputs.n_conflict, seq, out.loss.detach(), leaf.grad
+
+    tok_c, n_c, seq_c, loss_c, grad_c = run(ids_c, mask_c, ent_c, logp_c, old_c)
+    tok_h, n_h, seq_h, loss_h, grad_h = run(ids_h, mask_h, ent_h, logp_h, old_h)
+    assert torch.equal(n_h, n_c)
+    torch.testing.assert_close(seq_h, seq_c, rtol=1e-12, atol=0)
+    torch.testing.assert_close(tok_h.gather(1, pos), tok_c, rtol=1e-6, atol=0)
+    assert bool((tok_h[mask_h == 0] == 0).all()) and bool((grad_h[mask_h == 0] == 0).all())
+    torch.testing.assert_close(loss_h, loss_c, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(grad_h.gather(1, pos), grad_c, rtol=1e-12, atol=1e-15)
+    assert bool(grad_c.abs().sum() > 0)
