@@ -52,8 +52,6 @@ def test_gtpo_config_reaches_the_method_unchanged():
     ("actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.use_kl_loss"),
     ("algorithm.use_kl_in_reward=true", "algorithm.use_kl_in_reward"),
     ("actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.entropy_coeff"),
-    ("actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.multi_turn.enable"),
-    ("actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent", "default_agent_loop"),
     ("algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.bypass_mode"),
     ("algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs"),
     ("algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is"),

@@ -46,8 +46,7 @@ Where each step happens (verl 0.9.1, v1 trainer, ``verl/trainer/ppo/v1/trainer_b
 
 Refused at start (:func:`check_verl_config`, a :class:`~gtpo.errors.ConfigError` naming the option): verl's legacy
 trainer (``trainer.use_v1=false``), another estimator / loss / aggregation with trainer mode ``gtpo``, a KL loss or
-KL reward, an entropy bonus, PF-PPO reweighting, distillation, multi-turn / tool agent loops (tool outputs inside a
-completion break the contiguous conflict runs), rollout-correction bypass mode and rejection sampling (they change
+KL reward, an entropy bonus, PF-PPO reweighting, distillation, rollout-correction bypass mode and rejection sampling (they change
 the policies or masks GTPO's inputs are computed from), rollout IS weights with a log-prob temperature other than
 the rollout temperature, GTPO fields verl does not implement (``mask_truncated_completions``, the overlong
 penalty, dynamic sampling unless ``algorithm.filter_groups`` matches), and GTPO settings that disagree with verl's
@@ -230,8 +229,6 @@ def check_verl_config(config) -> GTPOConfig:
     for path, why in (("actor_rollout_ref.actor.use_kl_loss", "GTPO drops the KL term and the reference model"),
                       ("algorithm.use_kl_in_reward", "GTPO drops the KL term and the reference model"),
                       ("algorithm.use_pf_ppo", "PF-PPO reweights the batch GTPO's groups come from"),
-                      ("actor_rollout_ref.rollout.multi_turn.enable",
-                       "tool outputs inside a completion break the contiguous conflict runs"),
                       ("algorithm.rollout_correction.bypass_mode",
                        "bypass mode trains on the rollout engine's log-probs, not on the trainer's")):
         if _select(config, path, False):
@@ -241,11 +238,8 @@ def check_verl_config(config) -> GTPOConfig:
                           "penalty on the advantages, algorithm.gtpo.gamma); set it to 0")
     if _select(config, "distillation.enabled", False) or _select(config, "distillation.enable", False):
         raise ConfigError("distillation: not available with GTPO; disable it")
-    agent = _select(config, "actor_rollout_ref.rollout.agent.default_agent_loop", "single_turn_agent")
-    if agent != "single_turn_agent":
-        raise ConfigError(f"actor_rollout_ref.rollout.agent.default_agent_loop: GTPO on verl needs "
-                          f"'single_turn_agent' (a multi-turn / tool loop's masks break the contiguous conflict runs), "
-                          f"got {agent!r}")
+    # multi-turn / tool agent loops are welcome: their response_mask (0 on tool tokens) is GTPO's loss mask, and
+    # the method runs over the model tokens only (docs/method.md, "Multi-turn completions")
     if _select(config, "algorithm.rollout_correction.rollout_rs") is not None:
         raise ConfigError("algorithm.rollout_correction.rollout_rs: rejection sampling changes the response masks "
                           "GTPO's conflict runs are computed on; set it to null (rollout_is weights are supported)")

@@ -2,8 +2,18 @@
 
 Shapes: ``P`` prompts, ``G = group_size`` completions per prompt, ``N = P * G`` rows in
 prompt-major order (row ``p * G + g``), ``T`` completion tokens, right padded:
-``completion_mask (N, T)`` is 1 on the generated tokens (first EOS included) and they are
-contiguous from position 0.
+``completion_mask (N, T)`` is 1 on the tokens the policy generated (first EOS included). In a single-turn
+completion they are contiguous from position 0; in a multi-turn (tool-calling) completion the mask has
+holes: the tool / environment tokens inside the completion are 0.
+
+Multi-turn masks [D] (docs/method.md, "Multi-turn completions"): the method runs over the MODEL tokens
+only, aligned by their index among the model tokens: the k-th model token of completion i is compared
+with the k-th model token of completion j (and, right aligned, the k-th from the last). Tool tokens are
+never conflict partners, never in a run and never counted in ``n_conflict``; a run goes on across a tool
+segment when the model tokens on both sides keep conflicting. This is computed by
+:func:`compaction_order`, a stable gather index that moves each row's model tokens to the front
+(a contiguous mask -> the identity), running the single-turn method on the compacted rows and scattering
+the result back. A contiguous mask takes the single-turn code path unchanged: bitwise today's results.
 
 Method (gtpo-method.md §4, from the released reference code [C]). Within each group, the sign of
 the UNSHAPED advantage makes a completion positive (A > 0), negative (A < 0) or inactive (A = 0).
@@ -49,7 +59,7 @@ from torch import Tensor
 from ..config import CONFLICT_COMBINE, CONFLICT_COUNT
 from .ops import _check_group_size, _check_option, _check_shape, _check_tensor
 
-__all__ = ["conflict_runs", "conflict_weights"]
+__all__ = ["compaction_order", "conflict_runs", "conflict_weights"]
 
 # Upper bound on the elements of one (P_chunk, G, G, B) boolean temporary.
 _MAX_PAIR_ELEMENTS = 2**24
@@ -57,24 +67,31 @@ _MAX_PAIR_ELEMENTS = 2**24
 _FIRST_BLOCK = 32
 
 
-def _validate(completion_ids, completion_mask, advantages, group_size) -> Tensor:
-    """Check the common arguments; return the mask as bool ``(N, T)``."""
+def _validate(completion_ids, completion_mask, advantages, group_size) -> tuple[Tensor, bool]:
+    """Check the common arguments; return the mask as bool ``(N, T)`` and whether it has holes (a 1 after
+    a 0 in some row: a multi-turn completion; one host sync)."""
     _check_tensor("completion_ids", completion_ids, ndim=2)
     if completion_ids.is_floating_point() or completion_ids.is_complex() or completion_ids.dtype == torch.bool:
         raise ValueError(f"completion_ids: expected an integer tensor of token ids, got dtype {completion_ids.dtype}")
     _check_shape("completion_mask", completion_mask, completion_ids.shape, "completion_ids.shape (N, T)")
     _check_shape("advantages", advantages, completion_ids.shape[:1], "(N,)")
     _check_group_size(group_size, completion_ids.shape[0], "completion_ids")
-    # right padded: once a row's mask is 0 it stays 0 (a host sync, for a clear error)
-    if completion_mask.shape[1] > 1 and bool((completion_mask[:, 1:] > completion_mask[:, :-1]).any()):
-        bad_rows = (completion_mask[:, 1:] > completion_mask[:, :-1]).any(dim=1).nonzero()
-        raise ValueError(
-            f"completion_mask: expected right padding (1s contiguous from position 0, then 0s), "
-            f"but row {int(bad_rows[0, 0])} has a 1 after a 0 ({bad_rows.numel()} such row(s)); "
-            f"use right-padded completions or left-align them first"
-        )
     mask = completion_mask if completion_mask.dtype == torch.bool else completion_mask != 0  # (N, T)
-    return mask
+    holes = mask.shape[1] > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any())
+    return mask, holes
+
+
+def compaction_order(mask: Tensor) -> Tensor:
+    """``(N, T)`` int64 gather index moving each row's model tokens to the front, in order.
+
+    ``mask (N, T)`` (bool or 0/1) is 1 on the tokens the policy produced. Row ``i`` of the result lists the
+    positions ``t`` with ``mask[i, t]`` in increasing order, then the other positions in increasing order
+    (a stable sort), so ``x.gather(1, order)`` is right padded and ``out.scatter(1, order, y)`` puts values
+    computed on the compacted rows back in place. A contiguous (right-padded) mask gives the identity.
+    """
+    _check_tensor("mask", mask, ndim=2)
+    key = (mask == 0).to(torch.uint8)  # (N, T): 0 on model tokens, 1 elsewhere
+    return torch.sort(key, dim=1, stable=True).indices  # (N, T) int64
 
 
 def _conflict_block(ids_blk: Tensor, mask_blk: Tensor, opposite: Tensor, group_size: int) -> Tensor:
@@ -176,7 +193,8 @@ def conflict_runs(
 
     Args:
         completion_ids: ``(N, T)`` integer token ids (any int64 values; no vocabulary needed).
-        completion_mask: ``(N, T)`` 1/True on generated tokens incl. the first EOS, right padded.
+        completion_mask: ``(N, T)`` 1/True on the policy's tokens incl. the first EOS; right padded, or
+            with holes (tool tokens of a multi-turn completion: aligned over the model tokens [D]).
         advantages: ``(N,)`` unshaped group advantages; only their sign is used.
         group_size: ``G >= 2``; ``N`` must be divisible by it.
 
@@ -184,7 +202,18 @@ def conflict_runs(
         ``prefix_run (N, T)`` bool and ``suffix_run (N, T)`` bool, in the original (left-aligned)
         coordinates, inside the mask; all False for inactive completions (advantage 0).
     """
-    mask = _validate(completion_ids, completion_mask, advantages, group_size)
+    mask, holes = _validate(completion_ids, completion_mask, advantages, group_size)
+    if holes:  # multi-turn: the method over the compacted model tokens, scattered back [D]
+        order = compaction_order(mask)  # (N, T)
+        prefix_c, suffix_c = _conflict_runs(completion_ids.gather(1, order), mask.gather(1, order), advantages,
+                                            group_size)
+        return (torch.zeros_like(prefix_c).scatter_(1, order, prefix_c),
+                torch.zeros_like(suffix_c).scatter_(1, order, suffix_c))
+    return _conflict_runs(completion_ids, mask, advantages, group_size)
+
+
+def _conflict_runs(completion_ids: Tensor, mask: Tensor, advantages: Tensor, group_size: int):
+    """:func:`conflict_runs` on a validated, right-padded bool ``mask (N, T)``."""
     lengths = torch.count_nonzero(mask, dim=1)  # (N,) int64
     prefix_len, suffix_len = _runs(completion_ids, mask, advantages, group_size, lengths)
     return _run_masks(prefix_len, suffix_len, lengths, completion_ids.shape[1])
@@ -205,7 +234,8 @@ def conflict_weights(
 
     Args:
         completion_ids: ``(N, T)`` integer token ids (any int64 values).
-        completion_mask: ``(N, T)`` 1/True on generated tokens incl. the first EOS, right padded.
+        completion_mask: ``(N, T)`` 1/True on the policy's tokens incl. the first EOS; right padded, or
+            with holes (tool tokens of a multi-turn completion: aligned over the model tokens [D]).
         advantages: ``(N,)`` UNSHAPED group advantages (their sign defines positive/negative).
         group_size: ``G >= 2``.
         pos_weight: lambda on run tokens of positive completions (2.0 [C]).
@@ -219,13 +249,24 @@ def conflict_weights(
         ``weights (N, T)`` float32 (0 outside the mask) and ``n_conflict (N,)`` int64: 0 for
         inactive completions, otherwise ``max(count, 1)``.
     """
-    mask = _validate(completion_ids, completion_mask, advantages, group_size)
+    mask, holes = _validate(completion_ids, completion_mask, advantages, group_size)
     for name, value in (("pos_weight", pos_weight), ("neg_weight", neg_weight)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{name}: expected a float, got {value!r}")
     _check_option("combine", combine, CONFLICT_COMBINE)
     _check_option("count", count, CONFLICT_COUNT)
+    kwargs = dict(pos_weight=pos_weight, neg_weight=neg_weight, combine=combine, count=count)
+    if holes:  # multi-turn: the method over the compacted model tokens, scattered back [D]
+        order = compaction_order(mask)  # (N, T)
+        weights_c, n_conflict = _conflict_weights(completion_ids.gather(1, order), mask.gather(1, order), advantages,
+                                                  group_size, **kwargs)
+        return torch.zeros_like(weights_c).scatter_(1, order, weights_c), n_conflict
+    return _conflict_weights(completion_ids, mask, advantages, group_size, **kwargs)
 
+
+def _conflict_weights(completion_ids: Tensor, mask: Tensor, advantages: Tensor, group_size: int, *,
+                      pos_weight: float, neg_weight: float, combine: str, count: str) -> tuple[Tensor, Tensor]:
+    """:func:`conflict_weights` on a validated, right-padded bool ``mask (N, T)``."""
     N, T = completion_ids.shape
     device = completion_ids.device
     weights = mask.to(torch.float32)  # (N, T): 1 on masked tokens, 0 outside

@@ -5,7 +5,9 @@ module composes them the way GTPO uses them, from a rollout's tensors to the los
 trainer (:mod:`gtpo.trainer`), TRL's engine (:mod:`gtpo.integrations.trl`) and verl's
 (:mod:`gtpo.integrations.verl`) hold no copy of the composition:
 
-1. :func:`loss_mask` -- the completion mask, truncated completions removed with ``mask_truncated_completions``;
+1. :func:`loss_mask` -- the completion mask, truncated completions removed with ``mask_truncated_completions``,
+   tool / environment tokens of a multi-turn completion removed with ``tool_mask`` (the mask then has holes: the
+   conflict runs align over the model tokens [D], docs/method.md "Multi-turn completions");
 2. :func:`group_inputs` on WHOLE groups, from the UNSHAPED advantage signs (the reference code's order [C]):
    the conflict weights lambda ``(N, T)`` and counts ``n_conflict (N,)`` on the loss mask (a completion masked out
    of the loss is nobody's conflict partner [D]), the conflict runs (for ``gtpo/conflict_frac``), the rows the
@@ -22,7 +24,7 @@ trainer (:mod:`gtpo.trainer`), TRL's engine (:mod:`gtpo.integrations.trl`) and v
    ``completion_reduction="sum"``, so that the plain PPO-clip surrogate reduced that way is GTPO's loss.
 
 Shapes: ``P`` prompts, ``G = group_size``, ``N = P * G`` rows in prompt-major order (row ``p * G + g``), ``T``
-completion tokens (right padded). Engines that reorder rows (verl's batch balancing) must pass the rows of each
+completion tokens (right padded; with holes on tool tokens for multi-turn completions). Engines that reorder rows (verl's batch balancing) must pass the rows of each
 group contiguously, in any order within the group (every output is equivariant to a permutation inside a group).
 
 Hyperparameters come from a :class:`gtpo.GTPOConfig` (the presets reach every engine unchanged); the functions
@@ -77,11 +79,20 @@ class EffectiveAdvantages(NamedTuple):
     metrics: dict[str, Tensor]
 
 
-def loss_mask(completion_mask: Tensor, truncated: Tensor | None, *, mask_truncated_completions: bool) -> Tensor:
+def loss_mask(completion_mask: Tensor, truncated: Tensor | None, *, mask_truncated_completions: bool,
+              tool_mask: Tensor | None = None) -> Tensor:
     """``(N, T)`` float: ``completion_mask (N, T)`` with the rows of ``truncated (N,)`` bool zeroed when
-    ``mask_truncated_completions`` (DAPO's overlong filtering; TRL's option of the same name)."""
+    ``mask_truncated_completions`` (DAPO's overlong filtering; TRL's option of the same name), times
+    ``tool_mask (N, T)`` when given (1 on the tokens the policy produced, 0 on tool / environment tokens of a
+    multi-turn completion: TRL's ``tool_mask`` / ``env_mask``, verl's agent-loop ``response_mask``). The
+    result is the mask every later step reads: the loss, the conflict runs (aligned over the model tokens,
+    docs/method.md "Multi-turn completions") and ``<H>_i``, so tool tokens are never trained, never conflict
+    partners and never in the entropy."""
     _check_tensor("completion_mask", completion_mask, ndim=2)
     mask = completion_mask.clone()
+    if tool_mask is not None:
+        _check_shape("tool_mask", tool_mask, tuple(mask.shape), "completion_mask.shape (N, T)")
+        mask = mask * (tool_mask.to(mask.device) != 0).to(mask.dtype)
     if mask_truncated_completions and truncated is not None:
         _check_shape("truncated", truncated, (mask.shape[0],), "(N,)")
         mask[truncated.to(mask.device).bool()] = 0

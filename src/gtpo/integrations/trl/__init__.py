@@ -94,8 +94,9 @@ With ``loss_type="gtpo"`` these TRL options are refused with an error, because G
 define them: ``beta != 0`` (GTPO drops KL and the reference model), ``importance_sampling_level=
 "sequence"``, ``delta`` (two-sided clipping), ``multi_objective_aggregation="normalize_then_sum"``
 (not group-relative), TRL's entropy bonus (``entropy_coef`` / ``use_adaptive_entropy``; GTPO's
-gamma is an entropy penalty) and tool calling (``tools`` / ``environment_factory``: tool outputs
-inside a completion break the contiguous masks of the conflict runs). GTPO's ablation switches
+gamma is an entropy penalty). Tool calling (``tools``, ``environment_factory``, a ``rollout_func``
+returning ``env_mask``) trains GTPO over the model tokens only: TRL's ``tool_mask`` reaches the method
+(docs/method.md "Multi-turn completions"). GTPO's ablation switches
 (``conflict_masks``, ``entropy_filter``, ``gamma``, ``completion_sign`` on a baseline) need gtpo's
 own trainer and are refused for TRL's loss types.
 """

@@ -54,10 +54,13 @@ _MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_atten
 
 
 def _loss_mask(batch: dict) -> torch.Tensor:
-    """``(N, T)`` TRL's loss mask: the completion mask (truncated rows zeroed with
-    ``mask_truncated_completions``) times the tool mask when present."""
-    mask = batch["completion_mask"]
-    return mask if batch.get("tool_mask") is None else mask * batch["tool_mask"]
+    """``(N, T)`` float, TRL's loss mask through :func:`gtpo.maths.method.loss_mask`: the completion mask (TRL
+    already zeroed the truncated rows with ``mask_truncated_completions``) times the tool mask when present
+    (``tools`` / ``environment_factory``, or a ``rollout_func``'s ``env_mask``: 0 on tool / environment tokens,
+    which are then never trained, never conflict partners and never in ``<H>_i``; docs/method.md
+    "Multi-turn completions")."""
+    return method.loss_mask(batch["completion_mask"], None, mask_truncated_completions=False,
+                            tool_mask=batch.get("tool_mask"))
 
 
 class TRLGTPOTrainer(GRPOTrainer):
@@ -100,10 +103,6 @@ class TRLGTPOTrainer(GRPOTrainer):
             raise TypeError(f"args must be a gtpo.integrations.trl.TRLGTPOConfig (trl.GRPOConfig plus GTPO's "
                             f"fields), got {type(args).__name__}; build it with TRLGTPOConfig(...) or "
                             "TRLGTPOConfig.from_preset(...)")
-        if args.loss_type == "gtpo" and (kwargs.get("tools") or kwargs.get("environment_factory")):
-            raise ValueError("tools / environment_factory: tool outputs inside a completion are masked out of the "
-                             "loss, which breaks the contiguous completion masks of GTPO's conflict runs; "
-                             "loss_type='gtpo' does not support tool calling")
         if args.overlong_buffer_length > 0:
             funcs = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) \
                 else [reward_funcs]
