@@ -26,8 +26,9 @@ py="$venv/bin/python"
 PINS=(transformers==5.17.0 accelerate==1.15.0 huggingface_hub==1.33.0 tokenizers==0.23.2 safetensors==0.8.0
       "peft==${GPU_PEFT:-0.18.0}" trl==1.16.0 datasets==4.8.4 dill==0.4.0 multiprocess==0.70.18
       bitsandbytes==0.50.2)
-want="$(printf '%s\n' "${PINS[@]}" | sort | tr '\n' ' ')"
-if [ "$(cat "$venv/.pins" 2>/dev/null)" != "$want" ] || ! "$py" -c "import gtpo, trl, peft, pytest" 2>/dev/null; then
+DS_VERSION=0.19.8  # as scripts/gpu-check.sh
+want="$(printf '%s\n' "${PINS[@]}" "deepspeed==$DS_VERSION" | sort | tr '\n' ' ')"
+if [ "$(cat "$venv/.pins" 2>/dev/null)" != "$want" ] || ! "$py" -c "import gtpo, trl, peft, pytest, deepspeed" 2>/dev/null; then
   rm -rf "$venv"
   python3 -m venv "$venv"
   "$py" -m pip install -q --upgrade pip
@@ -35,6 +36,9 @@ if [ "$(cat "$venv/.pins" 2>/dev/null)" != "$want" ] || ! "$py" -c "import gtpo,
   torch_pin="torch==$("$py" -c 'import torch; print(torch.__version__.split("+")[0])')"
   # gtpo (editable: the tests import src/) and the test tools, resolved together with the pins
   pip_locked "$py" -m pip install -q -e . pytest hypothesis psutil "$torch_pin" "${PINS[@]}"
+  # DeepSpeed as gpu-check.sh carries it (built without ops: its setup.py imports torch): gpu_check's sharded part
+  # runs ZeRO-2/3 on DeepSpeed's CPU accelerator here
+  DS_BUILD_OPS=0 "$py" -m pip install -q --no-build-isolation "deepspeed==$DS_VERSION" "$torch_pin"
   echo "$want" > "$venv/.pins"
 fi
 [ "$install_only" = 1 ] && exit 0

@@ -535,7 +535,8 @@ def test_gpu_check_parts_past_the_budget_are_skipped_with_the_reason(tmp_path, m
     monkeypatch.setattr(gpu_check, "check_head", lambda ctx: {"ok": True})
     monkeypatch.setattr(gpu_check.Ctx, "__init__", lambda self, args: (
         setattr(self, "quick", False), setattr(self, "cuda", False), setattr(self, "device", gpu_check.torch.device("cpu")),
-        setattr(self, "T", 8), setattr(self, "T_long", 8), setattr(self, "G", 4))[0])
+        setattr(self, "T", 8), setattr(self, "T_long", 8), setattr(self, "G", 4),
+        setattr(self, "work", str(tmp_path / "scratch")))[0])
     code = gpu_check.main(["--cpu", "--only", "environment,head,trl", "--budget-s", "10"])
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result["parts"]["environment"]["status"] == "passed" and result["parts"]["head"]["status"] == "passed"

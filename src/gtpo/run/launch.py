@@ -117,7 +117,11 @@ def check_launch(state, *, engine: str, environ: Mapping[str, str] | None = None
         f"would run {running} with {state.num_processes} process(es): every process would hold the whole model, "
         f"nothing sharded. accelerate shards with {asked} only on GPUs/accelerators"
         + (", which this machine does not have" if on_cpu else ", and these processes formed no accelerator group")
-        + f". Fix: on CPU run plain DDP ({ddp_fix}); on GPUs launch the {asked} config with every process seeing a GPU."
+        + f". Fix: on CPU run plain DDP ({ddp_fix}); on GPUs launch the {asked} config with every process seeing a GPU"
+        + (". DeepSpeed's own CPU accelerator runs ZeRO on CPU processes (engine: trl): install deepspeed, set "
+           "use_cpu: false in the YAML (gtpo sets TRL's use_cpu to true on a machine without GPUs) and "
+           "DS_ACCELERATOR=cpu in the environment (docs/gpu.md)" if asked == "DEEPSPEED" and on_cpu else "")
+        + "."
     )
 
 
