@@ -768,3 +768,25 @@ def test_declared_designs_export_their_committed_runs_back(tmp_path, claim, desi
     assert len(back) == len(committed) and sorted(map(repr, back)) == sorted(map(repr, committed))
     if claim == "claim7":
         assert back == committed
+
+
+def test_exact_half_ranks_and_medians_print_exactly():
+    """W+ with tied ranks and medians of integers print their exact value (issue 45 item 3), never rounded
+    half-to-even (Python's f"{75.5:.0f}" is "76", f"{12.5:.0f}" is "12")."""
+    from experiments.protocol.report.tables import fmt_half
+
+    assert fmt_half(75.5) == "75.5" and fmt_half(12.5) == "12.5" and fmt_half(124.0) == "124" and fmt_half(0.5) == "0.5"
+    w = stats.wilcoxon_signed_rank([1, 1, 2, 3, -3])  # ranks 1.5, 1.5, 3, 4.5, 4.5: W+ = 10.5
+    assert fmt_half(w["w_plus"]) == "10.5"
+    assert fmt_half(stats.statistics_median([10, 12, 13, 15])) == "12.5"
+
+
+def test_logrank_power_by_hand():
+    """Schoenfeld: Phi(|ln HR| sqrt(D/4) - z_0.975); 13 events and a halved hazard give about 24 %."""
+    z = stats.norm_ppf(0.975)
+    for d in (4, 13, 40):
+        expect = 1 - stats.norm_sf(math.log(2) * math.sqrt(d / 4) - z)
+        assert stats.logrank_power(d, 0.5) == pytest.approx(expect, rel=1e-12)
+    assert 0.2 < stats.logrank_power(13, 0.5) < 0.3
+    assert stats.logrank_power(100, 1.0) == pytest.approx(0.025, abs=1e-9)  # no effect: power = alpha / 2 per side
+    assert math.isnan(stats.logrank_power(0, 0.5))
