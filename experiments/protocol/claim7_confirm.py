@@ -144,22 +144,44 @@ class Confirm(Design):
         return _sha256(self.archive)
 
     def pack(self) -> str:
-        """Build the claim-7 start model (cached) and pack its weights, tokenizer, splits and start record into
-        ``archive`` (tar.xz, fixed order and times); refuses when ``archive`` exists (it is the start model then)."""
+        """Build the claim-7 start model (cached), round its weights to float16 precision (kept as float32: the
+        archive is half the size, and training loads it as every other run's model), measure the rounded model on
+        the held-out and tuning splits (temperature 1: the start record), and pack weights, tokenizer, splits and
+        record into ``archive`` (tar.xz, fixed order and times). The packed model is the start model. Refuses when
+        ``archive`` exists."""
+        import shutil
         import tarfile
+
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        from .startmodels import eval_model
 
         if os.path.isfile(self.archive):
             raise SystemExit(f"claim7 confirm: {self.archive} exists; it is this design's start model (unpack it)")
         src = build_claim7()
-        names = [os.path.join(r, f) for r, _, fs in os.walk(src) for f in fs]
-        names = sorted(os.path.relpath(n, src) for n in names
-                       if os.path.relpath(n, src).split(os.sep)[0] in ("model", "data") or n.endswith("start.json"))
+        work = CONFIRM_START + f".pack{os.getpid()}"
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.copytree(os.path.join(src, "model"), os.path.join(work, "model"))
+        shutil.copytree(os.path.join(src, "data"), os.path.join(work, "data"))
+        weights = os.path.join(work, "model", "model.safetensors")
+        save_file({k: v.to(torch.float16).to(torch.float32).contiguous() for k, v in load_file(weights).items()},
+                  weights, metadata={"format": "pt"})
+        build = json.load(open(os.path.join(src, "start.json")))
+        record = {"build": {k: v for k, v in build.items() if k != "heldout_per_problem"}, "rounding": "float16",
+                  "model_sha256": _sha256(weights)}
+        for split in ("heldout", "validation"):
+            ev = eval_model(os.path.join(work, "model"), os.path.join(work, "data", f"{split}.jsonl"))
+            record[split] = ev["metrics"]
+        write_json(os.path.join(work, "start.json"), record)
+        names = sorted(os.path.relpath(os.path.join(r, f), work) for r, _, fs in os.walk(work) for f in fs)
         with tarfile.open(self.archive, "w:xz", preset=9) as tar:
             for n in names:
-                info = tar.gettarinfo(os.path.join(src, n), arcname=n)
+                info = tar.gettarinfo(os.path.join(work, n), arcname=n)
                 info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-                with open(os.path.join(src, n), "rb") as f:
+                with open(os.path.join(work, n), "rb") as f:
                     tar.addfile(info, f)
+        shutil.rmtree(work)
         return self.archive
 
     def unpack(self) -> str:
@@ -217,9 +239,10 @@ class Confirm(Design):
         out = out or self.data
         old = read_jsonl_gz(out) if os.path.isfile(out) else []
         kept = {(r["arm"], r["seed"]): r for r in old if r["kind"] != "start"}
-        start = json.load(open(os.path.join(self.unpack(), "start.json")))
-        recs = [{"kind": "start", "archive_sha256": self.start_digest(),
-                 **{k: v for k, v in start.items() if k != "heldout_per_problem"}}]
+        dig = self.start_digest()
+        recs = [r for r in old if r["kind"] == "start" and r.get("archive_sha256") == dig][:1]
+        if not recs:
+            recs = [{"kind": "start", "archive_sha256": dig, **json.load(open(os.path.join(self.unpack(), "start.json")))}]
         for arm, seed in self.jobs():
             d = self.run_dir(arm, seed)
             if run_status(d) == "done" and self.done(arm, seed):
