@@ -396,9 +396,11 @@ def verdict(res: dict) -> str:
               f"does not reach the threshold {ATTRIBUTION.alpha:.4f} either")
     m = res.get(("grpo_masks", "grpo", *key))
     if m is not None and m["wilcoxon"]["p"] < ATTRIBUTION.alpha and m["mean"] > 0:
+        none = [name for mode, metric, name in METRICS[1:] if ("grpo_masks", "grpo", mode, metric) in res
+                and res[("grpo_masks", "grpo", mode, metric)]["wilcoxon"]["p"] >= ATTRIBUTION.alpha]
         rule += (" between the gamma shift and the rest of GTPO; the conflict masks alone give a sampled-pass@1 gain "
                  f"over GRPO at {ATTRIBUTION.lr:g} and temperature 1 (exploratory, one of {len(ATTRIBUTION.primary)} "
-                 "comparisons; not greedy, maj@8 or pass@8)")
+                 "comparisons" + (f"; none in {', '.join(none)}" if none else "") + ")")
     text = (f"**Verdict (the declared rule): {rule}.** On sampled held-out pass@1 at {ATTRIBUTION.lr:g}, official GTPO "
             f"minus GRPO {d('gtpo', 'grpo')}: at this one rate the gain {replic}. GRPO + gamma minus GRPO "
             f"{d('grpo_gamma', 'grpo')}; GTPO with gamma 0 minus GRPO {d('gtpo_gamma0', 'grpo')}; GRPO + conflict masks "
