@@ -400,7 +400,7 @@ def verdict(res: dict) -> str:
                 and res[("grpo_masks", "grpo", mode, metric)]["wilcoxon"]["p"] >= ATTRIBUTION.alpha]
         rule += (" between the gamma shift and the rest of GTPO; the conflict masks alone give a sampled-pass@1 gain "
                  f"over GRPO at {ATTRIBUTION.lr:g} and temperature 1 (exploratory, one of {len(ATTRIBUTION.primary)} "
-                 "comparisons" + (f"; none in {', '.join(none)}" if none else "") + ")")
+                 "comparisons" + (f"; no gain shown in {', '.join(none)}" if none else "") + ")")
     text = (f"**Verdict (the declared rule): {rule}.** On sampled held-out pass@1 at {ATTRIBUTION.lr:g}, official GTPO "
             f"minus GRPO {d('gtpo', 'grpo')}: at this one rate the gain {replic}. GRPO + gamma minus GRPO "
             f"{d('grpo_gamma', 'grpo')}; GTPO with gamma 0 minus GRPO {d('gtpo_gamma0', 'grpo')}; GRPO + conflict masks "
