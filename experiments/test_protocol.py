@@ -768,3 +768,82 @@ def test_declared_designs_export_their_committed_runs_back(tmp_path, claim, desi
     assert len(back) == len(committed) and sorted(map(repr, back)) == sorted(map(repr, committed))
     if claim == "claim7":
         assert back == committed
+
+
+def test_exact_half_ranks_and_medians_print_exactly():
+    """W+ with tied ranks and medians of integers print their exact value (issue 45 item 3), never rounded
+    half-to-even (Python's f"{75.5:.0f}" is "76", f"{12.5:.0f}" is "12")."""
+    from experiments.protocol.report.tables import fmt_half
+
+    assert fmt_half(75.5) == "75.5" and fmt_half(12.5) == "12.5" and fmt_half(124.0) == "124" and fmt_half(0.5) == "0.5"
+    w = stats.wilcoxon_signed_rank([1, 1, 2, 3, -3])  # ranks 1.5, 1.5, 3, 4.5, 4.5: W+ = 10.5
+    assert fmt_half(w["w_plus"]) == "10.5"
+    assert fmt_half(stats.statistics_median([10, 12, 13, 15])) == "12.5"
+
+
+def test_logrank_power_by_hand():
+    """Schoenfeld: Phi(|ln HR| sqrt(D/4) - z_0.975); 13 events and a halved hazard give about 24 %."""
+    z = stats.norm_ppf(0.975)
+    for d in (4, 13, 40):
+        expect = 1 - stats.norm_sf(math.log(2) * math.sqrt(d / 4) - z)
+        assert stats.logrank_power(d, 0.5) == pytest.approx(expect, rel=1e-12)
+    assert 0.2 < stats.logrank_power(13, 0.5) < 0.3
+    assert stats.logrank_power(100, 1.0) == pytest.approx(0.025, abs=1e-9)  # no effect: power = alpha / 2 per side
+    assert math.isnan(stats.logrank_power(0, 0.5))
+
+
+def test_claim7_confirm_temperature_and_verdict_rules():
+    """The confirmation's declared rules on hand-made numbers (designs/claim7-confirm.md)."""
+    from experiments.protocol.claim7_confirm import CONFIRM
+
+    ch = CONFIRM.chosen_temperature
+    assert ch({1.0: [0.30, 0.32], 0.6: [0.35, 0.37], 0.0: [0.33, 0.33]}) == 0.6
+    assert ch({1.0: [0.40], 0.6: [0.35], 0.0: [0.39]}) == 1.0
+    assert ch({1.0: [0.30], 0.6: [0.30], 0.0: [0.30]}) == 1.0  # ties: the higher temperature
+    assert ch({1.0: [0.30], 0.6: [0.20], 0.0: [0.34]}) == 0.0  # greedy may win
+    with pytest.raises(ValueError, match="chosen_temperature"):
+        ch({1.0: []})
+    v = CONFIRM.verdict
+    assert CONFIRM.alpha == 0.05 and CONFIRM.alpha_secondary == 0.025
+    assert v(0.01, 0.02, 0.001, 0.03) == "confirmed"
+    assert v(0.30, 0.005, 0.001, 0.03) == "sharpening"  # the gain at T = 1 vanishes once temperature is matched
+    assert v(0.01, -0.02, 0.001, 0.03) == "sharpening"  # a significant loss is no confirmation
+    assert v(0.30, 0.005, 0.03, 0.03) == "not confirmed"  # T = 1 above its threshold 0.025
+    assert v(0.30, 0.005, 0.001, -0.03) == "not confirmed"
+    # 32 fresh seeds x 3 arms, paired seed by seed; six evaluations; the start model is the unpacked archive
+    jobs = CONFIRM.jobs()
+    assert len(jobs) == 96 and jobs[:3] == [("grpo", 200), ("grpo_masks", 200), ("gtpo", 200)]
+    assert not set(CONFIRM.seeds) & (set(range(16)) | set(range(100, 106)))
+    assert CONFIRM.evals() == (("validation", 1.0), ("validation", 0.6), ("validation", 0.0),
+                               ("heldout", 1.0), ("heldout", 0.6), ("heldout", 0.0))
+    argv = CONFIRM.argv_for("grpo_masks", 200)
+    assert argv[argv.index("--model") + 1].endswith(os.path.join("claim7-confirm-start", "model"))
+    assert "--conflict_masks" in argv and argv[argv.index("--learning_rate") + 1] == "5e-05"
+
+
+def test_claim7_confirm_analysis_by_hand():
+    """The report's analysis on hand-made runs: each arm's chosen temperature from the tuning split, the primary
+    test at those temperatures, the T = 1.0 secondary, and the verdict from the rule."""
+    from experiments.protocol.claim7_confirm import CONFIRM
+    from experiments.protocol.report import claim7_confirm
+
+    def run(arm, seed, val, held):
+        r = {"kind": "final", "arm": arm, "seed": seed}
+        for (split, t) in CONFIRM.evals():
+            x = (val if split == "validation" else held)[t] + 0.001 * ((seed * 7 + len(arm)) % 5)
+            r[CONFIRM.eval_name(split, t)] = {"metrics": {"pass@1": x}}
+        return r
+
+    runs = []
+    for s in CONFIRM.seeds:
+        jitter = 0.01 * ((s * 13) % 7) / 7
+        runs.append(run("grpo", s, {1.0: 0.30, 0.6: 0.36, 0.0: 0.34}, {1.0: 0.30 + jitter, 0.6: 0.36 + jitter, 0.0: 0.34}))
+        runs.append(run("grpo_masks", s, {1.0: 0.33, 0.6: 0.37, 0.0: 0.35}, {1.0: 0.33, 0.6: 0.36 + jitter / 2, 0.0: 0.35}))
+        runs.append(run("gtpo", s, {1.0: 0.32, 0.6: 0.35, 0.0: 0.36}, {1.0: 0.32, 0.6: 0.35, 0.0: 0.36}))
+    res = claim7_confirm.analyse(runs)
+    assert res["chosen"] == {"grpo": 0.6, "grpo_masks": 0.6, "gtpo": 0.0}
+    assert res[("grpo_masks", "grpo", "1.0")]["mean"] > 0.02 and res[("grpo_masks", "grpo", "1.0")]["wilcoxon"]["p"] < 0.025
+    assert abs(res["primary"]["mean"]) < 0.01
+    assert res["verdict"] == CONFIRM.verdict(res["primary"]["wilcoxon"]["p"], res["primary"]["mean"],
+                                             res[("grpo_masks", "grpo", "1.0")]["wilcoxon"]["p"],
+                                             res[("grpo_masks", "grpo", "1.0")]["mean"])

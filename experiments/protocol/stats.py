@@ -28,6 +28,7 @@ enumeration, so a change of scipy's defaults cannot silently change a p-value.
 * :func:`paired_t` — paired t-test (``scipy.stats.ttest_1samp`` on the differences).
 * :func:`spearman` — rank correlation (``scipy.stats.spearmanr``).
 * :func:`mdd_paired`, :func:`mdd_two_sample` — minimum detectable differences from Student's t quantiles.
+* :func:`logrank_power` — power of the two-group log-rank test for a hazard ratio (Schoenfeld's approximation).
 """
 
 from __future__ import annotations
@@ -232,3 +233,13 @@ def mdd_two_sample(sd: float, n_per_arm: int, *, alpha: float = 0.05, power: flo
     common standard deviation ``sd`` (two-sided t-test, df = 2n - 2)."""
     df = 2 * n_per_arm - 2
     return (t_ppf(1 - alpha / 2, df) + t_ppf(power, df)) * sd * math.sqrt(2.0 / n_per_arm)
+
+
+def logrank_power(events: float, hazard_ratio: float, *, alpha: float = 0.05, share: float = 0.5) -> float:
+    """Power of the two-sided two-group log-rank test at ``alpha`` to detect ``hazard_ratio`` with ``events``
+    observed events, ``share`` of the subjects in one group (Schoenfeld 1981):
+    Phi(|ln HR| sqrt(D share (1 - share)) - z_{1 - alpha/2})."""
+    if events <= 0:
+        return float("nan")
+    return float(_st.norm.cdf(abs(math.log(hazard_ratio)) * math.sqrt(events * share * (1 - share))
+                              - _st.norm.ppf(1 - alpha / 2)))

@@ -10,7 +10,7 @@ import statistics
 from .. import stats
 from ..common import DATA
 from ..claim2 import REPLICATES, collapse_step
-from .tables import _figure, _save, fmt_p, load_start_and_runs, pct, table
+from .tables import _figure, _save, fmt_half, fmt_p, load_start_and_runs, pct, table
 
 #: the stress replicates (one stress model each; ``claim2.REPLICATES``) and their data files, never pooled
 STRESS_FILES = {k: os.path.relpath(r.data, DATA) for k, r in REPLICATES.items()}
@@ -157,7 +157,7 @@ def stress_section(replicate: str = "a") -> tuple[str, dict]:
                 continue
             c = sum(o["collapsed"] for o in xs)
             times = sorted(o["time"] for o in xs if o["collapsed"])
-            row.append(f"{c}/{len(xs)}" + (f" (t {statistics.median(times):.0f})" if times else ""))
+            row.append(f"{c}/{len(xs)}" + (f" (t {fmt_half(statistics.median(times))})" if times else ""))
         full = [o for o in outc if o["arm"] == arm]
         if len({o["lr"] for o in full}) >= 3:
             crit = critical_lr(outc, arm, lrs)

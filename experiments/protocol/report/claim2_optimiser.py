@@ -16,7 +16,7 @@ from ..claim7 import ATTRIBUTION
 from ..common import DATA, read_jsonl_gz
 from ..declare import check_runs, describe
 from .claim2 import critical_lr, critical_lr_ci, critical_ratio_ci, load_stress, stress_outcomes
-from .tables import fmt_p, pct, table
+from .tables import fmt_half, fmt_p, pct, table
 
 LABELS = {"grpo": "GRPO, released optimiser", "gtpo_official": "GTPO (official), released optimiser"}
 REF, ARM = "grpo", "gtpo_official"
@@ -53,7 +53,7 @@ def _grid_table(outc: list[dict], lrs: list[float]) -> list[list[str]]:
         for f in lrs:
             xs = [o for o in outc if o["arm"] == arm and o["lr"] == f]
             times = sorted(o["time"] for o in xs if o["collapsed"])
-            row.append(f"{sum(o['collapsed'] for o in xs)}/{len(xs)}" + (f" (t {statistics.median(times):.0f})" if times else "")
+            row.append(f"{sum(o['collapsed'] for o in xs)}/{len(xs)}" + (f" (t {fmt_half(statistics.median(times))})" if times else "")
                        if xs else "—")
         rows.append(row)
     return rows
@@ -205,10 +205,17 @@ def verdict(res: dict) -> str:
     later = lr["observed"][gi] < lr["expected"][gi]
     sig = lr["p"] < 0.05
     crit_g, crit_t = res[("crit", REF)], res[("crit", ARM)]
+    events = sum(lr["observed"])
+    power = stats.logrank_power(events, 0.5)
+    res["power_halved"] = power
     head = ("official GTPO collapses later than GRPO" if sig and later else
-            "official GTPO collapses earlier than GRPO" if sig else "no difference in time to collapse shown")
+            "official GTPO collapses earlier than GRPO" if sig else
+            f"no shift detected in time to collapse (only official GTPO and GRPO ran, no component arms; the test's "
+            f"power to detect a halved hazard is {100 * power:.0f} %)")
     text = (f"**Verdict: {head}** under the released optimiser (log-rank stratified by rate, p = {fmt_p(lr['p'])}; "
-            f"GTPO {lr['observed'][gi]:.0f} collapses observed against {lr['expected'][gi]:.1f} expected). Critical rates: "
+            f"GTPO {lr['observed'][gi]:.0f} collapses observed against {lr['expected'][gi]:.1f} expected; {events:.0f} "
+            f"collapses in all, so {100 * power:.0f} % power at α = 0.05 to detect a hazard ratio of 0.5, Schoenfeld's "
+            "approximation). Critical rates: "
             f"GRPO {_fx(crit_g[0])} [{_fx(crit_g[1])}, {_fx(crit_g[2])}], official GTPO {_fx(crit_t[0])} "
             f"[{_fx(crit_t[1])}, {_fx(crit_t[2])}]")
     if "ratio" in res:
@@ -273,5 +280,6 @@ def claim_verdict(res_b: dict, res_c: dict) -> str:
         text += (f" Pooled with the first run on replicate b's model ({pl['seeds']['b']} seeds there, "
                  f"{pl['seeds']['c']} here), stratified by model and rate (the declared secondary test): p = "
                  f"{fmt_p(pl['p'])}, GTPO {pl['observed'][gi]:.0f} collapses observed against {pl['expected'][gi]:.1f} "
-                 "expected.")
+                 f"expected ({sum(pl['observed']):.0f} collapses: {100 * stats.logrank_power(sum(pl['observed']), 0.5):.0f} % "
+                 "power to detect a halved hazard).")
     return text + "\n"

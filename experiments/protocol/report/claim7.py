@@ -7,7 +7,7 @@ import statistics
 from collections import defaultdict
 
 from .. import stats
-from .tables import _figure, _save, fmt_p, load_start_and_runs, mean_sd, pct, table
+from .tables import _figure, _save, fmt_half, fmt_p, load_start_and_runs, mean_sd, pct, table
 
 C7_LABELS = {"gtpo": "GTPO (official preset)", "grpo": "GRPO", "dapo": "DAPO", "gtpo_paper": "GTPO (paper preset)",
              "dr_grpo": "Dr.GRPO", "grpo@samelr": "GRPO at GTPO's rate (exploratory)"}
@@ -87,6 +87,9 @@ def claim7_section() -> tuple[str, dict]:
     comp = []
     pairs = [("gtpo", a) for a in arms if a != "gtpo"]  # the official preset against every other arm
     pairs += [("gtpo_paper", a) for a in arms if not a.startswith("gtpo")]  # the paper preset against the baselines
+    n_cmp = sum(1 for ref, arm in pairs if ref in per_seed and arm in per_seed
+                and len(set(per_seed[ref]) & set(per_seed[arm])) >= 3)
+    alpha = 0.05 / max(1, n_cmp)  # the report's Bonferroni threshold over the pass@1 comparisons
     for ref, arm in pairs:
         if ref in per_seed and arm in per_seed:
             shared = sorted(set(per_seed[ref]) & set(per_seed[arm]))
@@ -96,15 +99,15 @@ def claim7_section() -> tuple[str, dict]:
                 diffs = [per_seed[ref][s][metric] - per_seed[arm][s][metric] for s in shared]
                 w = stats.wilcoxon_signed_rank(diffs)
                 t = stats.paired_t(diffs)
-                mdd = stats.mdd_paired(t["sd"], len(shared)) if t["sd"] == t["sd"] else float("nan")
+                mdd = stats.mdd_paired(t["sd"], len(shared), alpha=alpha) if t["sd"] == t["sd"] else float("nan")
                 comp.append([f"{C7_LABELS[ref]} − {C7_LABELS.get(arm, arm)}", metric, len(shared),
                              f"{100 * statistics.mean(diffs):+.2f}",
-                             f"W+ = {w['w_plus']:.0f}, p = {fmt_p(w['p'])}", f"t = {t['t']:.2f}, p = {fmt_p(t['p'])}",
+                             f"W+ = {fmt_half(w['w_plus'])}, p = {fmt_p(w['p'])}", f"t = {t['t']:.2f}, p = {fmt_p(t['p'])}",
                              f"{100 * mdd:.2f}"])
                 res[(ref, "vs", arm, metric)] = {"diffs": diffs, "wilcoxon": w, "t": t, "mdd": mdd}
     if comp:
         out.append(table(["difference (points)", "metric", "paired seeds", "mean", "Wilcoxon signed-rank", "paired t",
-                          "MDD (80 % power, points)"], comp) + "\n")
+                          f"MDD (80 % power, α = {alpha:.4f}, points)"], comp) + "\n")
     cpu = [r["timing"]["cpu_s"] for r in runs if r.get("timing")]
     res["n_runs"], res["cpu_min"] = len(runs), sum(cpu) / 60
     ev_cpu = [r["eval_timing"]["cpu_s"] for r in runs if r.get("eval_timing")]

@@ -12,7 +12,7 @@ from .. import stats
 from ..claim7 import ATTRIBUTION, CONTINUED
 from ..common import DATA, read_jsonl_gz
 from ..declare import check_runs, describe
-from .tables import design_paragraph, fmt_p, mean_sd, pct, table
+from .tables import design_paragraph, fmt_half, fmt_p, mean_sd, pct, table
 
 DATA_NAME = os.path.relpath(ATTRIBUTION.data, DATA)
 DATA_NAME_C = os.path.relpath(CONTINUED.data, DATA)
@@ -71,7 +71,7 @@ def paired(per_seed: dict, a: str, b: str, mode: str, metric: str) -> dict | Non
         return None
     diffs = [per_seed[a][s][mode][metric] - per_seed[b][s][mode][metric] for s in shared]
     t = stats.paired_t(diffs)
-    mdd = stats.mdd_paired(t["sd"], len(shared)) if t["sd"] == t["sd"] and t["sd"] > 0 else float("nan")
+    mdd = stats.mdd_paired(t["sd"], len(shared), alpha=ATTRIBUTION.alpha) if t["sd"] == t["sd"] and t["sd"] > 0 else float("nan")
     return {"seeds": shared, "mean": statistics.mean(diffs), "wilcoxon": stats.wilcoxon_signed_rank(diffs), "t": t,
             "mdd": mdd, "higher": sum(d > 0 for d in diffs)}
 
@@ -104,7 +104,7 @@ def _compare(per_seed: dict, res: dict) -> list[list]:
             w = c["wilcoxon"]
             mark = " **(< 0.0071)**" if (mode, metric) == ("sampled", "pass@1") and w["p"] < ATTRIBUTION.alpha else ""
             crows.append([f"{ATTRIBUTION.labels[a]} − {ATTRIBUTION.labels[b]}", name, len(c["seeds"]), f"{100 * c['mean']:+.2f}",
-                          f"{c['higher']} of {len(c['seeds'])}", f"W+ = {w['w_plus']:.0f}, p = {fmt_p(w['p'])}{mark}",
+                          f"{c['higher']} of {len(c['seeds'])}", f"W+ = {fmt_half(w['w_plus'])}, p = {fmt_p(w['p'])}{mark}",
                           f"t = {c['t']['t']:.2f}, p = {fmt_p(c['t']['p'])}", f"{100 * c['mdd']:.2f}"])
     return crows
 
@@ -133,7 +133,7 @@ def _final_rows(per_seed: dict, start: dict | None) -> list[list]:
 FINAL_HEADER = ["arm", "learning rate", "seeds sampled / greedy", "sampled pass@1 %", "greedy pass@1 %", "pass@8 %",
                 "maj@8 %", "format rate %", "token entropy, last 10 %", "filtered %", "KL(π_new‖π_old) per step"]
 COMPARE_HEADER = ["difference (points)", "metric", "paired seeds", "mean", "seeds higher", "Wilcoxon signed-rank",
-                  "paired t", "MDD (80 % power, points)"]
+                  "paired t", f"MDD (80 % power, α = {ATTRIBUTION.alpha:.4f}, points)"]
 
 
 def _analysis(per_seed: dict, start: dict | None, res: dict, out: list[str], own_text: str) -> None:
@@ -154,6 +154,33 @@ def _analysis(per_seed: dict, start: dict | None, res: dict, out: list[str], own
                              [e["sampled"]["pass@1"] for e in finals])
         res["entropy_rho"] = rho
         res["n_entropy"] = len(finals)
+    ent = {arm: statistics.mean(statistics.mean(x["entropy/mean"] for x in e["steps"][-15:])
+                                for e in per_seed[arm].values() if e["own"] and e["steps"])
+           for arm in per_seed if any(e["own"] and e["steps"] for e in per_seed[arm].values())}
+    if ent:
+        res["entropy_by_arm"] = ent
+
+
+def masks_qualifiers(res: dict) -> str:
+    """What the masks-only gain over GRPO is, and is not, from the data (issue 45 item 3): its rate, metric and
+    sampling temperature, the other metrics' tests, the arms' final entropy and the comparisons it was found among."""
+    parts = [f"exploratory: found among {len(ATTRIBUTION.primary)} comparisons, at one learning rate "
+             f"({ATTRIBUTION.lr:g}), on sampled pass@1 at temperature 1 only"]
+    other = [(name, res[("grpo_masks", "grpo", mode, metric)]) for mode, metric, name in METRICS[1:]
+             if ("grpo_masks", "grpo", mode, metric) in res]
+    if other:
+        parts.append(", ".join(f"{name} {100 * c['mean']:+.2f} (p = {fmt_p(c['wilcoxon']['p'])})" for name, c in other)
+                     + (" show no gain" if all(c["wilcoxon"]["p"] >= ATTRIBUTION.alpha for _, c in other) else ""))
+    ent = res.get("entropy_by_arm") or {}
+    if "grpo_masks" in ent:
+        low = min(ent, key=ent.get) == "grpo_masks"
+        parts.append(f"the masks arm's final token entropy {ent['grpo_masks']:.3f} is "
+                     + ("the lowest of the arms" if low else f"against GRPO's {ent.get('grpo', float('nan')):.3f}"))
+    if "entropy_rho" in res:
+        parts.append(f"final entropy and sampled pass@1 ρ = {res['entropy_rho']['rho']:+.2f} (p = "
+                     f"{fmt_p(res['entropy_rho']['p'])}, n {res['n_entropy']}), so the gain may be sharpening that a lower "
+                     "sampling temperature would give GRPO too")
+    return "; ".join(parts)
 
 
 def section() -> tuple[str, dict]:
@@ -300,10 +327,10 @@ def tuning(cruns: list[dict], res: dict) -> str:
             diffs = [a[s] - b[s] for s in shared]
             t = stats.paired_t(diffs)
             res["tuned_cmp"] = c = {"mean": statistics.mean(diffs), "wilcoxon": stats.wilcoxon_signed_rank(diffs),
-                                    "n": len(shared), "mdd": stats.mdd_paired(t["sd"], len(shared))}
+                                    "n": len(shared), "mdd": stats.mdd_paired(t["sd"], len(shared), alpha=ATTRIBUTION.alpha)}
             out.append(f"At the re-tuned rates (GTPO {chosen['gtpo'][0]:g}, GRPO {chosen['grpo'][0]:g}), from the first "
                        f"design's held-out finals: official GTPO minus GRPO {100 * c['mean']:+.2f} points of sampled "
-                       f"pass@1 on {c['n']} paired seeds (Wilcoxon W+ = {c['wilcoxon']['w_plus']:.0f}, "
+                       f"pass@1 on {c['n']} paired seeds (Wilcoxon W+ = {fmt_half(c['wilcoxon']['w_plus'])}, "
                        f"p = {fmt_p(c['wilcoxon']['p'])}; MDD {100 * c['mdd']:.1f}).\n")
         else:
             res["tuned_cmp"] = None
@@ -360,7 +387,7 @@ def verdict(res: dict) -> str:
             return "not run yet"
         c = res[(a, b, *m)]
         return (f"{100 * c['mean']:+.2f} points on {len(c['seeds'])} seeds (p = {fmt_p(c['wilcoxon']['p'])}, "
-                f"MDD {100 * c['mdd']:.1f})")
+                f"MDD {100 * c['mdd']:.1f} at α = {ATTRIBUTION.alpha:.4f})")
 
     g, r = res[("grpo_gamma", "grpo", *key)], res[("gtpo_gamma0", "grpo", *key)]
     rule = ATTRIBUTION.attribution(g["wilcoxon"]["p"], g["mean"], r["wilcoxon"]["p"], r["mean"])
@@ -369,7 +396,11 @@ def verdict(res: dict) -> str:
               f"does not reach the threshold {ATTRIBUTION.alpha:.4f} either")
     m = res.get(("grpo_masks", "grpo", *key))
     if m is not None and m["wilcoxon"]["p"] < ATTRIBUTION.alpha and m["mean"] > 0:
-        rule += " between the gamma shift and the rest of GTPO; the conflict masks alone give a gain over GRPO"
+        none = [name for mode, metric, name in METRICS[1:] if ("grpo_masks", "grpo", mode, metric) in res
+                and res[("grpo_masks", "grpo", mode, metric)]["wilcoxon"]["p"] >= ATTRIBUTION.alpha]
+        rule += (" between the gamma shift and the rest of GTPO; the conflict masks alone give a sampled-pass@1 gain "
+                 f"over GRPO at {ATTRIBUTION.lr:g} and temperature 1 (exploratory, one of {len(ATTRIBUTION.primary)} "
+                 "comparisons" + (f"; no gain shown in {', '.join(none)}" if none else "") + ")")
     text = (f"**Verdict (the declared rule): {rule}.** On sampled held-out pass@1 at {ATTRIBUTION.lr:g}, official GTPO "
             f"minus GRPO {d('gtpo', 'grpo')}: at this one rate the gain {replic}. GRPO + gamma minus GRPO "
             f"{d('grpo_gamma', 'grpo')}; GTPO with gamma 0 minus GRPO {d('gtpo_gamma0', 'grpo')}; GRPO + conflict masks "
@@ -402,7 +433,7 @@ def significant_sentence(res: dict) -> str:
         text += (" The conflict masks alone, in GRPO's reduction and without the gamma shift or the filter, give a gain "
                  "over GRPO at this rate, and official GTPO shows none over them: of GTPO's parts, the masks are the "
                  "one with a shown effect here (the declared rule, written for the gamma arm and the gamma-0 arm, "
-                 "does not name it).")
+                 "does not name it). Qualifiers: " + masks_qualifiers(res) + ".")
     return text
 
 

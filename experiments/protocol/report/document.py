@@ -18,7 +18,7 @@ from ..claim7 import ATTRIBUTION, CONTINUED, FIRST
 from ..common import DATA
 from ..declare import describe
 from ..smol import DEFAULT_ARM
-from . import claim2_optimiser, claim7_attribution, tables, verdicts
+from . import claim2_optimiser, claim7_attribution, claim7_confirm, tables, verdicts
 from .claim1 import fig_onestep, load_onestep, onestep_section
 from .claim2 import STRESS_FILES, STRESS_LABELS, _stress_design, fig_stress, stress_section
 from .claim7 import C7_LABELS, claim7_section, fig_claim7
@@ -97,6 +97,7 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
     c7_txt, c7_res = claim7_section()
     verdicts.check_hand_written()
     c7b_txt, c7b_res = claim7_attribution.section()
+    c7c_txt, c7c_res = claim7_confirm.section(c7b_res)
     opt_txt, opt_res = claim2_optimiser.section("b")
     opt_c_txt, opt_c_res = claim2_optimiser.section("c")
     if opt_c_res:
@@ -107,7 +108,8 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
     v7b = c7b_res.get("verdict", "")
     v2opt = claim2_optimiser.claim_verdict(opt_res, opt_c_res)
     status = verdicts.status([("Claim 1", v1), ("Claim 2", v2), ("Claim 2 under the released optimiser", v2opt),
-                              ("Claim 7, first design", v7), ("Claim 7, attribution", v7b)],
+                              ("Claim 7, first design", v7), ("Claim 7, attribution", v7b),
+                              ("Claim 7, confirmation", c7c_res.get("verdict_text", ""))],
                              _item5_state(smol_res, default_arm))
     figs = {"onestep": fig_onestep(onestep), "stress": fig_stress(stress_res),
             "stress_b": fig_stress(stress_b_res, "claim2_stress_b.png"), "claim7": fig_claim7(c7_res)}
@@ -121,7 +123,7 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
         "claims (see issue 16), are kept in [results-suite.md](results-suite.md).\n",
         "## Where the protocol stands\n",
         table(["protocol item", "state", "raw data"], _status_rows(onestep, smol_res, stress_res, stress_b_res, c7_res, default_arm)
-              + _new_design_rows(c7b_res, opt_res, opt_c_res)) + "\n",
+              + _new_design_rows(c7b_res, opt_res, opt_c_res) + [claim7_confirm.status_row(c7c_res)]) + "\n",
         status,
         "## Claim 1: GRPO pushes down tokens shared by positive and negative completions; GTPO protects them\n",
         v1,
@@ -149,6 +151,7 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
               f"![claim 7, accuracy]({figs['claim7']})\n" if figs.get("claim7") else "",
               "### Attribution: which part of GTPO carries the gain\n" if c7b_res else "",
               "\n".join((design_paragraph(ATTRIBUTION), v7b, c7b_txt)) if c7b_res else "",
+              "### Confirmation: the masks finding at matched temperature (declared, issue 45 item 1)\n", c7c_txt,
               "## SmolLM2-135M on the default task\n", VERDICTS.get("smol", ""), smol_txt if smol_res else "(no runs yet)\n"]
     if figs.get("smol"):
         parts.append(f"![default task]({figs['smol']})\n")

@@ -142,7 +142,7 @@ def smol_section(default_arm: str, baseline_arms=("grpo_lr2e-4_40_2threads", "gt
         res[("vs", arm) if a == default_arm else ("vs", a, arm)] = row["res"]
     if comp:
         out.append(table(["difference of final accuracy (points)", "paired seeds", "mean", "Wilcoxon signed-rank",
-                          "paired t", "MDD (80 % power, points)", "problems right only under one (McNemar, all seeds pooled)"],
+                          "paired t", "MDD (80 % power, α = 0.05, points)", "problems right only under one (McNemar, all seeds pooled)"],
                          comp) + "\n")
     return "\n".join(out), res
 

@@ -18,6 +18,14 @@ def fmt_p(p: float) -> str:
     return f"{p:.2g}" if p >= 1e-4 else f"{p:.1e}"
 
 
+def fmt_half(x: float) -> str:
+    """A rank sum or a median of integers, exactly: whole numbers without a decimal, halves with one
+    (W+ 75.5 prints "75.5", never Python's half-to-even "76")."""
+    if x != x:
+        return "n/a"
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+
+
 def pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
