@@ -378,6 +378,15 @@ def _metric(metrics: dict, *names: str) -> float:
     return next(metrics[n] for n in names if n in metrics)
 
 
+def _timed_step(ctx: Ctx, trainer) -> tuple[dict, float, float]:
+    """One ``trainer.step()`` with the peak memory reset before it: (its metrics, wall seconds, generation seconds)."""
+    ctx.reset_peak()
+    t0 = time.perf_counter()
+    metrics = trainer.step()
+    ctx.sync()
+    return metrics, time.perf_counter() - t0, _metric(metrics, "gtpo/generation_time", "generation_time_s")
+
+
 def run_steps(ctx: Ctx, name: str, *, arch: str, peft, quantized: bool, steps: int, T: int, **cfg) -> dict:
     import importlib.util
 
@@ -398,12 +407,7 @@ def run_steps(ctx: Ctx, name: str, *, arch: str, peft, quantized: bool, steps: i
     load_peak = ctx.peak_gib()
     records = []
     for _ in range(steps):
-        ctx.reset_peak()
-        t0 = time.perf_counter()
-        metrics = trainer.step()
-        ctx.sync()
-        wall = time.perf_counter() - t0
-        gen = _metric(metrics, "gtpo/generation_time", "generation_time_s")
+        metrics, wall, gen = _timed_step(ctx, trainer)
         records.append({"step_s": wall, "generation_s": gen,
                         "update_s": _metric(metrics, "gtpo/update_time", "update_time_s"),
                         "sampled_tokens_per_s": ctx.G * T / gen, "peak_gib": ctx.peak_gib(),
@@ -642,12 +646,7 @@ def _ours_steps(ctx: Ctx, path: str, *, peft, T: int, steps: int, out_dir: str) 
     trainer = _trainer(ctx, path, out_dir=out_dir, peft=peft, T=T, dtype="bfloat16")
     records = []
     for _ in range(steps):
-        ctx.reset_peak()
-        t0 = time.perf_counter()
-        metrics = trainer.step()
-        ctx.sync()
-        wall = time.perf_counter() - t0
-        gen = _metric(metrics, "gtpo/generation_time", "generation_time_s")
+        _, wall, gen = _timed_step(ctx, trainer)
         records.append({"step_s": wall, "generation_s": gen, "update_s": wall - gen, **_peaks(ctx)})
     del trainer
     ctx.free()
