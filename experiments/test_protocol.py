@@ -751,7 +751,8 @@ def test_claim7_continued_tuning_joins_the_first_designs_seeds():
 
 
 @pytest.mark.parametrize("claim, design", [("claim7", "ATTRIBUTION"), ("claim7", "CONTINUED"), ("claim2", "RELEASED"),
-                                           ("claim2", "RELEASED_CONTINUED")])
+                                           ("claim2", "RELEASED_CONTINUED"),
+                                           ("claim7_confirm", "CONFIRM")])
 def test_declared_designs_export_their_committed_runs_back(tmp_path, claim, design):
     """With no run directory on this machine, exporting a declared design's data file keeps every committed run: the
     file comes back with the same records (the claim-7 designs in the same order)."""
@@ -847,3 +848,19 @@ def test_claim7_confirm_analysis_by_hand():
     assert res["verdict"] == CONFIRM.verdict(res["primary"]["wilcoxon"]["p"], res["primary"]["mean"],
                                              res[("grpo_masks", "grpo", "1.0")]["wilcoxon"]["p"],
                                              res[("grpo_masks", "grpo", "1.0")]["mean"])
+
+
+def test_claim7_confirm_task_splits_written_and_checked(tmp_path, monkeypatch):
+    """The amendment: a machine without the tiny model's cache gets the declared training split (same bytes as the
+    first run's), and a split that differs refuses the run."""
+    from experiments import pretrain
+    from experiments.protocol import claim7_confirm as cc
+
+    monkeypatch.setattr(pretrain, "cache_dir", lambda seed=0: str(tmp_path / f"tiny-s{seed}"))
+    data = cc.Confirm.task_splits()
+    for name, digest in cc.TASK_SPLITS.items():
+        assert cc._sha256(os.path.join(data, name)) == digest
+    with open(os.path.join(data, "train.jsonl"), "a") as f:
+        f.write("{}\n")
+    with pytest.raises(SystemExit, match="train.jsonl has sha256"):
+        cc.Confirm.task_splits()

@@ -28,6 +28,11 @@ MODULE = "experiments/protocol/claim7_confirm.py"
 
 #: where the confirmation's start model is unpacked (git-ignored cache); its weights travel in ``Confirm.archive``
 CONFIRM_START = os.path.join(os.path.dirname(START), "claim7-confirm-start")
+#: the tiny task's splits that ``experiments/configs/tiny.yaml`` trains on (its ``dataset``; the ``eval_dataset`` is
+#: read at start): not in the archive, so :meth:`Confirm.unpack` writes them from ``pretrain.make_splits(0)`` (pure
+#: Python, deterministic) and checks them against the sha256 of the files the first run trained on (amendment)
+TASK_SPLITS = {"train.jsonl": "105186c35d3a46bbae5fb64cdddf12940a7d940d3072a0b1570860916501be44",
+               "test.jsonl": "05d407a1570bd3c84667d9099c968cca820c0e3da8433e1e2fcef47ae3d69714"}
 #: an evaluation of the confirmation: (split, temperature); temperature 0 is greedy (one completion)
 Eval = tuple[str, float]
 
@@ -184,12 +189,33 @@ class Confirm(Design):
         shutil.rmtree(work)
         return self.archive
 
+    @staticmethod
+    def task_splits() -> str:
+        """The tiny task's train and test splits (:data:`TASK_SPLITS`) in the tiny model's cache directory, written
+        from ``pretrain.make_splits(0)`` where missing (a machine that never built the tiny model); a file whose
+        sha256 differs from the declared one (existing or written) refuses the run."""
+        from experiments import pretrain
+
+        data = os.path.join(pretrain.cache_dir(0), "data")
+        os.makedirs(data, exist_ok=True)
+        _, train, test = pretrain.make_splits(0)
+        for name, rows in (("train.jsonl", train), ("test.jsonl", test)):
+            path = os.path.join(data, name)
+            if not os.path.isfile(path):
+                pretrain._write_jsonl(path, rows)
+            if _sha256(path) != TASK_SPLITS[name]:
+                raise SystemExit(f"claim7 confirm: {path} has sha256 {_sha256(path)[:16]}, not the declared "
+                                 f"{TASK_SPLITS[name][:16]} (the split every run of this design trains on)")
+        return data
+
     def unpack(self) -> str:
         """The start model from ``archive`` in :data:`CONFIRM_START` (unpacked once; again when the archive's digest
-        changed). Every run of this design starts from these bytes, so a run on another machine continues the same
-        experiment."""
+        changed), and the task's splits (:meth:`task_splits`). Every run of this design starts from these bytes, so
+        a run on another machine continues the same experiment."""
         import shutil
         import tarfile
+
+        self.task_splits()
 
         if not os.path.isfile(self.archive):
             raise SystemExit(f"claim7 confirm: no start model archive {self.archive}: run `claim7 confirm build` "
