@@ -269,8 +269,13 @@ def test_report_regenerates_from_committed_data(tmp_path, monkeypatch):
     committed = open(tables.DOCS_MD).read()
     monkeypatch.setattr(tables, "DOCS_MD", str(tmp_path / "results.md"))
     monkeypatch.setattr(tables, "FIG_DIR", str(tmp_path / "results" / "protocol"))
+    committed_readme = open(tables.README_MD).read()
+    readme = tmp_path / "README.md"
+    readme.write_text(committed_readme)
+    monkeypatch.setattr(tables, "README_MD", str(readme))
     out = document.write_results()
     assert open(out).read() == committed
+    assert readme.read_text() == committed_readme  # the README's generated row (claims 3-6) is the committed one
     for rep, png in (("a", "claim2_stress.png"), ("b", "claim2_stress_b.png")):
         if os.path.isfile(os.path.join(claim2.DATA, claim2.STRESS_FILES[rep])):
             assert (tmp_path / "results" / "protocol" / png).is_file()
@@ -864,3 +869,71 @@ def test_claim7_confirm_task_splits_written_and_checked(tmp_path, monkeypatch):
         f.write("{}\n")
     with pytest.raises(SystemExit, match="train.jsonl has sha256"):
         cc.Confirm.task_splits()
+
+
+# ------------------------------------------------------------------ claims 3-6 (issue 45 item 2)
+def test_claims3to6_run_settings_from_argv():
+    """The filter, tau, rule, scope, gamma and batch a run's argv sets: preset < YAML < overrides, the filter on by
+    default for gtpo only, gamma 0.1 by default for gtpo only; the tiny YAML's 2 x 8 and the default run's 4 x 8."""
+    from experiments.protocol.report.claims3to6 import run_settings
+
+    tiny = "experiments/configs/tiny.yaml"
+    off = run_settings([tiny, "--preset", "official", "--gamma", "0.0", "--seed", "3"])
+    assert (off["filter"], off["tau"], off["rule"], off["scope"], off["gamma"], off["completions"]) == (
+        True, 0.7, "fixed", "all", 0.0, 16)
+    g = run_settings([tiny, "--preset", "grpo", "--gamma", "0.1"])
+    assert (g["filter"], g["gamma"]) == (False, 0.1)
+    fg = run_settings([tiny, "--preset", "grpo", "--entropy_filter", "true", "--gamma", "0.1", "--gtpo_ablation", "true"])
+    assert (fg["filter"], fg["tau"], fg["rule"]) == (True, 0.7, "fixed")
+    paper = run_settings([tiny, "--preset", "paper", "--entropy_filter_scope", "negative"])
+    assert (paper["filter"], paper["tau"], paper["rule"], paper["scope"]) == (True, math.log(2), "initial", "negative")
+    demo = run_settings(["--demo", "--seed", "0", "--learning_rate", "3e-4", "--entropy_rule", "fixed",
+                         "--entropy_threshold", "0.7", "--log_policy_change", "true"])
+    assert (demo["filter"], demo["tau"], demo["rule"], demo["gamma"], demo["completions"]) == (True, 0.7, "fixed", 0.1, 32)
+    base = run_settings(["--demo", "--seed", "0", "--loss_type", "grpo", "--gamma", "0.0"])
+    assert (base["filter"], base["gamma"], base["rule"]) == (False, 0.0, "initial")
+
+
+def test_claims3to6_run_activity_by_hand():
+    """Batch 16: filtered shares 0, 2/16, 1/16 -> 3 completions dropped in 2 steps, 2 of them before the collapse at
+    step 3; step entropies 0.5, 0.8, 2.5 -> above ln 2: 2 steps, above 1.05: 1, above 2.0: 1."""
+    from experiments.protocol.report.claims3to6 import LN2, run_activity
+
+    run = {"argv": ["experiments/configs/tiny.yaml", "--preset", "official"],
+           "steps": [{"step": 1, "entropy/mean": 0.5, "gtpo/filtered_frac": 0.0},
+                     {"step": 2, "entropy/mean": 0.8, "gtpo/filtered_frac": 0.125},
+                     {"step": 3, "entropy/mean": 2.5, "gtpo/filtered_frac": 0.0625}]}
+    a = run_activity(run, collapse=3)
+    assert (a["steps"], a["completions"], a["dropped"], a["steps_dropping"], a["dropped_before"]) == (3, 48, 3, 2, 2)
+    assert a["max_entropy"] == 2.5 and a["above"] == {LN2: 2, 1.05: 1, 2.0: 1}
+    assert a["above_before"] == {LN2: 1, 1.05: 0, 2.0: 0}  # step 3 is the collapse step, not before it
+    assert run_activity(run)["dropped_before"] == 3  # no collapse: every step counts
+
+
+def test_claims3to6_power_by_hand():
+    """Exact paired test: 5 differing pairs give at best p = 2 x 0.5^5 = 0.0625, 6 give 0.031 (alpha 0.05 -> 6);
+    alpha 0.01 -> 8 (2/128 = 0.0156, 2/256 = 0.0078). P(Bin(n, 1/2) >= 1) = 1 - 0.5^n >= 0.75 from n = 2; with q = 1
+    every pair differs: n = k. Log-rank: D = 40 events detect HR exp(-(1.959964 + 0.841621) / sqrt(10)) = 0.41235
+    with 80 % power, and logrank_power gives 0.8 back."""
+    from experiments.protocol.report import claims3to6 as c
+
+    assert c.min_differing_pairs(0.05) == 6 and c.min_differing_pairs(0.01) == 8
+    assert c.seeds_for_differing_pairs(0.5, 1, 0.75) == 2
+    assert c.seeds_for_differing_pairs(1.0, 6, 0.8) == 6
+    assert c.seeds_for_differing_pairs(0.1, 6, 0.8) == 78  # P(Bin(78, 0.1) >= 6) = 0.80..., Bin(77): < 0.8
+    hr = c.min_detectable_hazard_ratio(40)
+    assert hr == pytest.approx(math.exp(-(1.959964 + 0.841621) / math.sqrt(10)), abs=1e-5)
+    assert hr == pytest.approx(0.41235, abs=1e-4)
+    assert stats.logrank_power(40, hr) == pytest.approx(0.8, abs=1e-9)
+
+
+def test_replace_row(tmp_path):
+    """The README's generated row replaces the one line with its prefix; none or two such lines are refused."""
+    from experiments.protocol.report.tables import replace_row
+
+    p = tmp_path / "r.md"
+    p.write_text("| a | b |\n|---|---|\n| 3-6. x | old |\n| 7. y | z |\n")
+    replace_row(str(p), "| 3-6. ", "| 3-6. x | new |")
+    assert p.read_text() == "| a | b |\n|---|---|\n| 3-6. x | new |\n| 7. y | z |\n"
+    with pytest.raises(ValueError, match="found 0"):
+        replace_row(str(p), "| 8. ", "| 8. |")

@@ -18,7 +18,7 @@ from ..claim7 import ATTRIBUTION, CONTINUED, FIRST
 from ..common import DATA
 from ..declare import describe
 from ..smol import DEFAULT_ARM
-from . import claim2_optimiser, claim7_attribution, claim7_confirm, tables, verdicts
+from . import claim2_optimiser, claim7_attribution, claim7_confirm, claims3to6, tables, verdicts
 from .claim1 import fig_onestep, load_onestep, onestep_section
 from .claim2 import STRESS_FILES, STRESS_LABELS, _stress_design, fig_stress, stress_section
 from .claim7 import C7_LABELS, claim7_section, fig_claim7
@@ -98,6 +98,7 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
     verdicts.check_hand_written()
     c7b_txt, c7b_res = claim7_attribution.section()
     c7c_txt, c7c_res = claim7_confirm.section(c7b_res)
+    c36_txt, c36_res = claims3to6.section(c7b_res)
     opt_txt, opt_res = claim2_optimiser.section("b")
     opt_c_txt, opt_c_res = claim2_optimiser.section("c")
     if opt_c_res:
@@ -108,6 +109,8 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
     v7b = c7b_res.get("verdict", "")
     v2opt = claim2_optimiser.claim_verdict(opt_res, opt_c_res)
     status = verdicts.status([("Claim 1", v1), ("Claim 2", v2), ("Claim 2 under the released optimiser", v2opt),
+                              *((f"Claim {k}", f"**Verdict: {c36_res['verdicts'][k][0]}.**") for k in (3, 4, 5, 6)
+                                if c36_res.get("verdicts")),
                               ("Claim 7, first design", v7), ("Claim 7, attribution", v7b),
                               ("Claim 7, confirmation", c7c_res.get("verdict_text", ""))],
                              _item5_state(smol_res, default_arm))
@@ -147,6 +150,8 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
               design_paragraph(RELEASED_CONTINUED) if opt_res.get("check_c") else "",
               "#### The design in full: replicate c\n" if opt_c_res else "",
               "\n".join((design_paragraph(RELEASED_CONTINUED), opt_c_res.get("verdict", ""), opt_c_txt)) if opt_c_res else "",
+              "## Claims 3-6: the entropy filter's thresholds, γ without the filter, OnlyNeg, GRPO + filter + γ\n"
+              if c36_txt else "", c36_txt,
               "## Claim 7: GTPO reaches higher accuracy\n", v7, VERDICTS.get("claim7", ""), c7_txt,
               f"![claim 7, accuracy]({figs['claim7']})\n" if figs.get("claim7") else "",
               "### Attribution: which part of GTPO carries the gain\n" if c7b_res else "",
@@ -161,6 +166,8 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, tables.DOCS_MD)
+    if c36_res.get("readme"):
+        tables.replace_row(tables.README_MD, "| 3-6. ", c36_res["readme"])
     return tables.DOCS_MD
 
 

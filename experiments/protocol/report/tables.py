@@ -10,6 +10,7 @@ from ..common import DATA, ROOT, read_jsonl_gz
 
 DOCS_MD = os.path.join(ROOT, "docs", "results.md")
 FIG_DIR = os.path.join(ROOT, "docs", "results", "protocol")
+README_MD = os.path.join(ROOT, "README.md")  # its results table's generated rows (:func:`replace_row`)
 
 
 def fmt_p(p: float) -> str:
@@ -43,6 +44,21 @@ def table(header, rows) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
+
+
+def replace_row(path: str, prefix: str, row: str) -> None:
+    """Replace the one line of the markdown file ``path`` that starts with ``prefix`` (a table row of generated
+    verdicts) by ``row``; ValueError when no line or several lines start with it."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    hits = [i for i, line in enumerate(lines) if line.startswith(prefix)]
+    if len(hits) != 1:
+        raise ValueError(f"{path}: expected one line starting with {prefix!r}, found {len(hits)}")
+    lines[hits[0]] = row
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------ figures
