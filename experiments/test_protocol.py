@@ -915,12 +915,13 @@ def test_claims3to6_power_by_hand():
     alpha 0.01 -> 8 (2/128 = 0.0156, 2/256 = 0.0078). P(Bin(n, 1/2) >= 1) = 1 - 0.5^n >= 0.75 from n = 2; with q = 1
     every pair differs: n = k. Log-rank: D = 40 events detect HR exp(-(1.959964 + 0.841621) / sqrt(10)) = 0.41235
     with 80 % power, and logrank_power gives 0.8 back."""
-    from experiments.protocol.report import claims3to6 as c
-
+    c = stats
     assert c.min_differing_pairs(0.05) == 6 and c.min_differing_pairs(0.01) == 8
     assert c.seeds_for_differing_pairs(0.5, 1, 0.75) == 2
     assert c.seeds_for_differing_pairs(1.0, 6, 0.8) == 6
     assert c.seeds_for_differing_pairs(0.1, 6, 0.8) == 78  # P(Bin(78, 0.1) >= 6) = 0.80..., Bin(77): < 0.8
+    assert c.differing_pairs_power(12, 0.5, 6) == pytest.approx(2510 / 4096)  # (924 + 792 + 495 + 220 + 66 + 12 + 1) / 2^12
+    assert c.differing_pairs_power(6, 1.0, 6) == 1.0
     hr = c.min_detectable_hazard_ratio(40)
     assert hr == pytest.approx(math.exp(-(1.959964 + 0.841621) / math.sqrt(10)), abs=1e-5)
     assert hr == pytest.approx(0.41235, abs=1e-4)
@@ -937,3 +938,35 @@ def test_replace_row(tmp_path):
     assert p.read_text() == "| a | b |\n|---|---|\n| 3-6. x | new |\n| 7. y | z |\n"
     with pytest.raises(ValueError, match="found 0"):
         replace_row(str(p), "| 8. ", "| 8. |")
+
+
+def test_claim4_horizon_rules_by_hand(monkeypatch):
+    """The declared rules: crossing ln 2 by a 5-step moving mean; the filter acted iff some filtered share > 0; the
+    verdict (6 no-filter-only pairs: McNemar p = 2 x 0.5^6 = 0.03125 -> reproduced; none crossing -> not
+    reproduced; 5 such pairs: p = 0.0625 -> not decided); the stopping rule (no-filter runs only where the GTPO
+    run's filter acted, and on the check seed); 0 of 12: the crossing probability below 1 - 0.05^(1/12) = 0.2209."""
+    from experiments.protocol import claim4
+    from experiments.protocol.claim4 import HORIZON as H
+
+    ln2 = math.log(2)
+    assert H.crossed([0.1] * 4 + [ln2 + 0.5] * 4 + [0.1] * 4)  # best window (4 x 1.193 + 0.1) / 5 = 0.974 > ln 2
+    assert not H.crossed([0.1] * 4 + [1.0] * 2 + [0.1] * 4)  # best window (2 x 1.0 + 3 x 0.1) / 5 = 0.46
+    assert H.crossed([0.0, 0.0, 0.0, 0.0, 3.5]) is True  # 3.5 / 5 = 0.7 > 0.6931
+    assert H.crossed([0.0, 0.0, 0.0, 0.0, 3.4]) is False  # 0.68 < ln 2
+    assert H.crossed([0.9] * 4) is False  # fewer steps than the window
+    assert H.acted([{"gtpo/filtered_frac": 0.0}, {"gtpo/filtered_frac": 0.0625}]) and not H.acted([{"gtpo/filtered_frac": 0.0}, {}])
+    assert H.collapsed([10, 10, 10, 10, 10, 4, 4, 4, 4, 4]) and not H.collapsed([10] * 10) and H.collapsed([10] * 5, True)
+    v, p = H.verdict([(False, True)] * 6 + [(False, False)] * 6)
+    assert (v, p) == ("reproduced", pytest.approx(0.03125))
+    assert H.verdict([(False, False)] * 12)[0] == "not reproduced"
+    assert H.verdict([(False, True)] * 5 + [(False, False)] * 7) == ("not decided", pytest.approx(0.0625))
+    assert H.verdict([(True, True)] * 12)[0] == "not decided"  # both cross: not the paper's contrast
+    assert H.upper_bound(12) == pytest.approx(1 - 0.05 ** (1 / 12)) and H.upper_bound(12) == pytest.approx(0.2209, abs=1e-4)
+    # the stopping rule, with seed 301's GTPO run acting and 302's not; 303 unfinished
+    steps = {301: [{"gtpo/filtered_frac": 0.125}], 302: [{"gtpo/filtered_frac": 0.0}]}
+    monkeypatch.setattr(claim4.Horizon, "done", lambda self, arm, seed: arm == "gtpo" and seed in (301, 302))
+    monkeypatch.setattr("experiments.protocol.tinyruns.step_metrics", lambda d: steps[int(d.rsplit("seed", 1)[1])])
+    assert [H.needs_nofilter(s) for s in (300, 301, 302, 303)] == [True, True, False, None]
+    assert [j for j in H.jobs() if j[0] == "gtpo_nofilter"] == [("gtpo_nofilter", 300), ("gtpo_nofilter", 301)]
+    assert H.argv_for("gtpo_nofilter", 305)[1:5] == ["--preset", "official", "--entropy_filter", "false"]
+    assert "--max_steps" in H.argv_for("gtpo", 305) and H.argv_for("gtpo", 305)[H.argv_for("gtpo", 305).index("--max_steps") + 1] == "4500"

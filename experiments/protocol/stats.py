@@ -28,7 +28,10 @@ enumeration, so a change of scipy's defaults cannot silently change a p-value.
 * :func:`paired_t` — paired t-test (``scipy.stats.ttest_1samp`` on the differences).
 * :func:`spearman` — rank correlation (``scipy.stats.spearmanr``).
 * :func:`mdd_paired`, :func:`mdd_two_sample` — minimum detectable differences from Student's t quantiles.
-* :func:`logrank_power` — power of the two-group log-rank test for a hazard ratio (Schoenfeld's approximation).
+* :func:`logrank_power` — power of the two-group log-rank test for a hazard ratio (Schoenfeld's approximation);
+  :func:`min_detectable_hazard_ratio` — the same solved for the ratio.
+* :func:`min_differing_pairs`, :func:`seeds_for_differing_pairs` — power of an exact paired test (sign test, exact
+  McNemar) when only some pairs can differ.
 """
 
 from __future__ import annotations
@@ -243,3 +246,36 @@ def logrank_power(events: float, hazard_ratio: float, *, alpha: float = 0.05, sh
         return float("nan")
     return float(_st.norm.cdf(abs(math.log(hazard_ratio)) * math.sqrt(events * share * (1 - share))
                               - _st.norm.ppf(1 - alpha / 2)))
+
+
+def min_detectable_hazard_ratio(events: float, *, alpha: float = 0.05, power: float = 0.8, share: float = 0.5) -> float:
+    """The hazard ratio (< 1) a two-sided two-group log-rank test at ``alpha`` detects with ``power`` from ``events``
+    events (:func:`logrank_power` solved for the ratio): exp(-(z_{1-alpha/2} + z_power) / sqrt(D share (1 - share)))."""
+    if events <= 0:
+        return float("nan")
+    return math.exp(-(norm_ppf(1 - alpha / 2) + norm_ppf(power)) / math.sqrt(events * share * (1 - share)))
+
+
+def min_differing_pairs(alpha: float = 0.05) -> int:
+    """The fewest non-zero paired differences (discordant pairs) with which an exact two-sided paired test -- the sign
+    test, exact McNemar; Wilcoxon's smallest p is the same, all signs equal -- can reach p < ``alpha``: the least m
+    with 2 x 0.5^m < alpha."""
+    m = 1
+    while 2 * 0.5 ** m >= alpha:
+        m += 1
+    return m
+
+
+def seeds_for_differing_pairs(q: float, k: int, power: float = 0.8, n_max: int = 10_000) -> int | None:
+    """The fewest pairs n with P(Binomial(n, q) >= k) >= ``power``: each pair differs with probability ``q`` (the
+    others are equal by construction), ``k`` differing pairs needed (:func:`min_differing_pairs`); None above ``n_max``."""
+    for n in range(k, n_max + 1):
+        if float(_st.binom.sf(k - 1, n, q)) >= power:
+            return n
+    return None
+
+
+def differing_pairs_power(n: int, q: float, k: int) -> float:
+    """P(Binomial(n, q) >= k): the chance that at least ``k`` of ``n`` pairs differ when each does with probability
+    ``q`` -- the power of an exact paired test needing ``k`` such pairs, for an effect of one sign in all of them."""
+    return float(_st.binom.sf(k - 1, n, q))

@@ -27,10 +27,12 @@ import yaml
 from gtpo.config.presets import preset_values
 
 from .. import stats
+from ..claim4 import HORIZON
 from ..claim7 import ATTRIBUTION
+from ..declare import check_runs, describe
 from ..common import DATA, ROOT, read_jsonl_gz
 from .claim2 import STRESS_LABELS, stress_outcomes
-from .tables import fmt_p, table
+from .tables import design_paragraph, fmt_p, table
 
 LN2 = math.log(2.0)
 #: the thresholds of the paper's ablation (claim 3), and ln 2 (the claim's drift target)
@@ -236,37 +238,7 @@ def smol_filter_pair() -> dict | None:
     return out
 
 
-# ------------------------------------------------------------------ power of a paired design where most pairs are equal
-def min_differing_pairs(alpha: float = ALPHA) -> int:
-    """The fewest non-zero paired differences with which an exact two-sided paired test (sign test; Wilcoxon's
-    smallest p is the same, all signs equal) can reach p < ``alpha``: the least m with 2 x 0.5^m < alpha."""
-    m = 1
-    while 2 * 0.5 ** m >= alpha:
-        m += 1
-    return m
-
-
-def seeds_for_differing_pairs(q: float, k: int, power: float = POWER, n_max: int = 10_000) -> int | None:
-    """The fewest seeds n with P(Binomial(n, q) >= k) >= ``power``: pairs that differ with probability ``q`` each,
-    at least ``k`` of them needed; None if more than ``n_max``."""
-    from scipy.stats import binom
-
-    for n in range(k, n_max + 1):
-        if binom.sf(k - 1, n, q) >= power:
-            return n
-    return None
-
-
 # ------------------------------------------------------------------ claim 6 on the stress grid
-def min_detectable_hazard_ratio(events: float, *, alpha: float = ALPHA, power: float = POWER, share: float = 0.5) -> float:
-    """The hazard ratio (< 1) a two-sided two-group log-rank test at ``alpha`` detects with ``power`` from
-    ``events`` events (Schoenfeld, :func:`stats.logrank_power` solved for the ratio):
-    exp(-(z_{1-alpha/2} + z_power) / sqrt(D share (1 - share)))."""
-    if events <= 0:
-        return float("nan")
-    return math.exp(-(stats.norm_ppf(1 - alpha / 2) + stats.norm_ppf(power)) / math.sqrt(events * share * (1 - share)))
-
-
 def claim6_collapse(replicate_runs: dict[str, list[dict]]) -> dict:
     """Per stress replicate and reference arm: the log-rank test of :data:`C6_ARM` against it, stratified by learning
     rate over the rates both ran, with the collapses, events, the power to detect a hazard ratio of
@@ -290,8 +262,79 @@ def claim6_collapse(replicate_runs: dict[str, list[dict]]) -> dict:
                                              sum(o["collapsed"] for o in both if o["arm"] == ref),
                                              sum(1 for o in both if o["arm"] == ref)),
                                "events": events, "power": stats.logrank_power(events, HAZARD_RATIO, alpha=ALPHA),
-                               "min_hr": min_detectable_hazard_ratio(events)}
+                               "min_hr": stats.min_detectable_hazard_ratio(events, alpha=ALPHA, power=POWER)}
     return out
+
+
+# ------------------------------------------------------------------ claim 4: the declared long-horizon design
+def horizon(c7b_res: dict | None, records: list[dict] | None = None) -> dict:
+    """The claim-4 design's power (declared; recomputed here) and, once it has data, its outcome.
+
+    ``power``: {p: chance of the :func:`stats.min_differing_pairs` discordant pairs among the design's seeds when a
+    share p of the no-filter runs cross ln 2 and no GTPO run does}; ``bound``: the crossing probability excluded
+    when none crosses (:meth:`Horizon.upper_bound`); ``sd``/``mdd``: the paired SD of the nearest committed
+    comparison (claim-7 attribution, official GTPO minus GTPO with gamma 0, sampled held-out pass@1) and the MDD of
+    held-out pass@1 with the design's seeds. With ``records`` (the data file's final runs; a seed's missing
+    no-filter run is its GTPO run, by the stopping rule): ``pairs`` {seed: (GTPO crossed, no-filter crossed)},
+    ``verdict`` and ``p`` (:meth:`Horizon.verdict`), ``collapsed`` {seed: (GTPO, no-filter)}, ``check`` (the
+    declaration check) and ``identical`` (the check seed's no-filter run reproduced its GTPO run, where the filter
+    never acted)."""
+    n, k = len(HORIZON.seeds), stats.min_differing_pairs(HORIZON.alpha)
+    out: dict = {"n": n, "k": k, "power": {p: stats.differing_pairs_power(n, p, k) for p in (0.5, 0.6, 0.7, 0.8)},
+                 "bound": HORIZON.upper_bound(n)}
+    ref = (c7b_res or {}).get(("gtpo", "gtpo_gamma0", "sampled", "pass@1"))
+    if ref:
+        out["sd"], out["n_sd"] = ref["t"]["sd"], len(ref["seeds"])
+        out["mdd"] = stats.mdd_paired(ref["t"]["sd"], n, alpha=HORIZON.alpha, power=POWER)
+    if not records:
+        return out
+    by = {(r["arm"], r["seed"]): r for r in records}
+    pairs, collapsed = {}, {}
+    for s in HORIZON.seeds:
+        f = by.get((HORIZON.filter_arm, s))
+        if f is None:
+            continue
+        nf = by.get((HORIZON.nofilter_arm, s), f if not HORIZON.acted(f["steps"]) else None)
+        if nf is None:
+            continue
+
+        def ent(r):
+            return [x["entropy/mean"] for x in r["steps"]]
+
+        pairs[s] = (HORIZON.crossed(ent(f)), HORIZON.crossed(ent(nf)))
+        collapsed[s] = tuple(HORIZON.collapsed([x["reward/mean"] for x in r["steps"]], bool(r.get("stopped")))
+                             for r in (f, nf))
+    out["pairs"], out["collapsed"] = pairs, collapsed
+    out["verdict"], out["p"] = HORIZON.verdict(list(pairs.values()))
+    out["check"] = check_runs(records, os.path.basename(HORIZON.data))
+    c = HORIZON.check_seed
+    if (HORIZON.filter_arm, c) in by and (HORIZON.nofilter_arm, c) in by and not HORIZON.acted(by[(HORIZON.filter_arm, c)]["steps"]):
+        out["identical"] = by[(HORIZON.filter_arm, c)]["steps"] == by[(HORIZON.nofilter_arm, c)]["steps"]
+    return out
+
+
+def _horizon_text(h: dict, cost_h: float) -> str:
+    pw = "; ".join(f"{100 * v:.3g} % at p = {p:g}" for p, v in h["power"].items())
+    text = [f"**Declared design for claim 4** (`experiments/protocol/claim4.py`, `designs/{HORIZON.text}`"
+            + ("" if "pairs" in h else "; not run yet") + f"). Power, recomputed: an exact McNemar test on {h['n']} pairs needs {h['k']} discordant "
+            f"pairs for p < {HORIZON.alpha}; if a share p of the no-filter runs cross ln 2 and no GTPO run does, "
+            f"the chance of that is {pw}; if none crosses, a crossing probability above {100 * h['bound']:.0f} % is "
+            f"excluded (95 %)."
+            + (f" Held-out pass@1: paired SD {100 * h['sd']:.2f} points in the nearest committed comparison (GTPO "
+               f"minus GTPO with γ 0, {h['n_sd']} seeds, 150 steps), so an MDD of {100 * h['mdd']:.1f} points with "
+               f"{h['n']} pairs at α = {HORIZON.alpha}, power {POWER:.0%}." if "mdd" in h else "")
+            + f" Cost at the committed per-step time: {cost_h:.2f} CPU-hours a run.\n",
+            design_paragraph(HORIZON)]
+    if "pairs" in h:
+        nf = sum(1 for _, x in h["pairs"].values() if x)
+        fi = sum(1 for x, _ in h["pairs"].values() if x)
+        text.append(f"**Result: {h['verdict']}.** {len(h['pairs'])} pairs: the entropy crossed ln 2 in {nf} no-filter "
+                    f"and {fi} GTPO runs (exact McNemar p = {fmt_p(h['p'])}); collapsed "
+                    f"{sum(1 for _, x in h['collapsed'].values() if x)} vs {sum(1 for x, _ in h['collapsed'].values() if x)}. "
+                    f"{describe(h['check'])}."
+                    + (f" The check seed's no-filter run {'reproduced' if h['identical'] else 'did NOT reproduce'} its "
+                       "GTPO run step for step." if "identical" in h else "") + "\n")
+    return "\n".join(text)
 
 
 # ------------------------------------------------------------------ the section
@@ -344,8 +387,8 @@ def section(c7b_res: dict | None = None) -> tuple[str, dict]:
     # anything (a drop at 0.7), and the seeds a paired threshold design would need to see enough differing pairs
     off_b = next((r for r in sb if r["arm"] == "gtpo_official"), None)
     q = off_b["runs_dropping"] / off_b["runs"] if off_b else float("nan")
-    k_min = min_differing_pairs(ALPHA)
-    n_need = seeds_for_differing_pairs(q, k_min, POWER) if off_b and q > 0 else None
+    k_min = stats.min_differing_pairs(ALPHA)
+    n_need = stats.seeds_for_differing_pairs(q, k_min, POWER) if off_b and q > 0 else None
     res["threshold_power"] = {"q": q, "k_min": k_min, "n_need": n_need}
     stress_line = (f"on the stress model ({s_runs} filter-on runs, {s_comp:,} completions) it dropped {s_drop:,} "
                    f"completions in {s_drop_runs} runs ({s_before} of them with a drop before the run's collapse or "
@@ -381,16 +424,24 @@ def section(c7b_res: dict | None = None) -> tuple[str, dict]:
             f"p = {fmt_p(a['t']['p'])}, MDD {100 * a['mdd']:.1f} points). Exploratory: this pair was not declared "
             "for claim 3, and τ 1.05 and 2.0 never ran there."))
     # ---- claim 4
-    steps_needed = 4500
+    steps_needed = HORIZON.steps
     cost_h = steps_needed * c7_cpu / 3600.0
     res["claim4_cost_h"] = cost_h
-    v4 = ("not testable here: the paper's collapse comes near step 4500, the committed runs stop at 150",
+    recs = [r for r in read_jsonl_gz(HORIZON.data) if r["kind"] == "final"] if os.path.isfile(HORIZON.data) else []
+    h = res["horizon"] = horizon(c7b_res, recs)
+    if "verdict" in h:
+        label4 = f"{h['verdict']} (declared design, {len(h['pairs'])} of {h['n']} pairs, McNemar p = {fmt_p(h['p'])})"
+    else:
+        label4 = (f"testable with new runs: a design is declared ({h['n']} paired seeds x {steps_needed} steps on the "
+                  f"tiny model, power {100 * h['power'][0.6]:.0f} % if 60 % of no-filter runs cross ln 2), not run yet")
+    v4 = (label4,
           f"With the filter never acting (claim 3), every claim-7 GTPO run is also a run of γ 0.1 without the filter "
           f"(the same updates), and so are the attribution's GRPO + γ runs (filter off): over 150 steps {tiny_ent}, and "
-          f"{trend_txt}. The paper's climb past ln 2 and collapse come near step {steps_needed}: "
-          f"one such run of the tiny model would take about {cost_h:.2f} CPU-hours at the committed median "
-          f"{c7_cpu:.2f} CPU-s per step, so a design fits this machine but is not declared here; it would first have "
-          "to show the entropy rising at all."
+          f"{trend_txt}. The paper's climb past ln 2 and collapse come near step {steps_needed}, 30 times longer: one "
+          f"such run of the tiny model takes about {cost_h:.2f} CPU-hours at the committed median {c7_cpu:.2f} CPU-s "
+          "per step, within this machine's reach, so the design below runs GTPO with and without the filter for "
+          f"{steps_needed} steps; where GTPO's filter never acts the two arms are one run, so the no-filter arm runs "
+          "only where it acted, plus a check seed."
           + (f" SmolLM2's runs (30-40 steps, {pair['cpu_per_step']:.0f} CPU-s per step) are no nearer that horizon."
              if pair else ""))
     # ---- claim 5
@@ -462,6 +513,8 @@ def section(c7b_res: dict | None = None) -> tuple[str, dict]:
     for k in (3, 4, 5, 6):
         label, body = res["verdicts"][k]
         text.append(f"**{names[k]}: {label}.** {body}\n")
+        if k == 4:
+            text.append(_horizon_text(res["horizon"], res["claim4_cost_h"]))
     if c6:
         text.append(table(["replicate", "GRPO + filter + γ vs", "rates", "collapsed", "log-rank (stratified)", "events",
                            f"power at HR {HAZARD_RATIO}", f"HR detectable ({POWER:.0%})"],
@@ -477,3 +530,12 @@ def readme_row(res: dict) -> str:
     short = {3: "thresholds", 4: "γ without filter", 5: "OnlyNeg", 6: "GRPO + filter + γ"}
     return ("| 3-6. entropy filter thresholds, γ without filter, OnlyNeg, GRPO + filter + γ | "
             + "; ".join(f"{k}. {short[k]}: {res['verdicts'][k][0]}" for k in (3, 4, 5, 6)) + " |")
+
+
+def status_row(res: dict) -> list[str]:
+    """The claim-4 design's row of "Where the protocol stands"."""
+    h = res.get("horizon") or {}
+    state = (f"{len(h['pairs'])} of {h['n']} pairs. {describe(h['check'])}" if "pairs" in h else
+             f"declared, not run yet: {h.get('n', len(HORIZON.seeds))} paired seeds x {HORIZON.steps} steps")
+    return ["claim 4, the long horizon (issue 45 item 2; declared)", state,
+            f"`experiments/data/{os.path.basename(HORIZON.data)}`" if "pairs" in h else "—"]
