@@ -970,3 +970,25 @@ def test_claim4_horizon_rules_by_hand(monkeypatch):
     assert [j for j in H.jobs() if j[0] == "gtpo_nofilter"] == [("gtpo_nofilter", 300), ("gtpo_nofilter", 301)]
     assert H.argv_for("gtpo_nofilter", 305)[1:5] == ["--preset", "official", "--entropy_filter", "false"]
     assert "--max_steps" in H.argv_for("gtpo", 305) and H.argv_for("gtpo", 305)[H.argv_for("gtpo", 305).index("--max_steps") + 1] == "4500"
+
+
+def test_claim5_onlyneg_verdict_by_hand():
+    """OnlyNeg minus full filter: diffs 0.01, -0.01, 0.02, -0.02 -> mean 0, sd sqrt(0.001 / 3) = 0.018257, 95 % CI
+    half-width t(0.975, 3) = 3.182446 x 0.018257 / 2 = 0.029052: p = 1 and the CI above -0.110 -> not reproduced;
+    -0.3, 0.2, -0.25, 0.15 (mean -0.05, sd 0.2614, half-width 0.4159): not significant, CI reaches -0.466 -> not
+    decided; all about -0.11: reproduced; all about +0.11: the opposite. The arms differ only in the scope."""
+    from experiments.protocol.claim5 import ONLYNEG as O
+
+    v, t = O.verdict([0.01, -0.01, 0.02, -0.02])
+    assert v == "not reproduced" and t["mean"] == pytest.approx(0.0, abs=1e-12)
+    assert t["sd"] == pytest.approx(math.sqrt(0.001 / 3)) and t["hi"] == pytest.approx(3.182446 * 0.0182574 / 2, abs=1e-5)
+    v, t = O.verdict([-0.3, 0.2, -0.25, 0.15])
+    assert v == "not decided" and t["mean"] == pytest.approx(-0.05) and t["lo"] == pytest.approx(-0.05 - 0.4159, abs=1e-3)
+    assert O.verdict([-0.1, -0.12, -0.11, -0.1, -0.12, -0.11])[0] == "reproduced"
+    assert O.verdict([0.1, 0.12, 0.11, 0.1, 0.12, 0.11])[0] == "the opposite"
+    full, neg = O.argv_for("full", 100), O.argv_for("onlyneg", 100)
+    def strip(a):
+        return a[:a.index("--output_dir")]
+
+    assert strip(neg) == strip(full)[:-4] + ["--entropy_filter_scope", "negative"] + strip(full)[-4:]
+    assert full[:3] == ["--demo", "--seed", "100"] and len(O.jobs()) == 48 and O.jobs()[:2] == [("full", 100), ("onlyneg", 100)]

@@ -28,6 +28,7 @@ from gtpo.config.presets import preset_values
 
 from .. import stats
 from ..claim4 import HORIZON
+from ..claim5 import ONLYNEG
 from ..claim7 import ATTRIBUTION
 from ..declare import check_runs, describe
 from ..common import DATA, ROOT, read_jsonl_gz
@@ -337,6 +338,51 @@ def _horizon_text(h: dict, cost_h: float) -> str:
     return "\n".join(text)
 
 
+# ------------------------------------------------------------------ claim 5: the declared OnlyNeg design on SmolLM2
+def onlyneg(pair: dict | None, records: list[dict] | None = None) -> dict:
+    """The claim-5 design's power (declared; recomputed from the committed SmolLM2 pair :func:`smol_filter_pair`:
+    its paired sd of accuracy after training and of the last-5-step entropy, with the design's seeds) and, once it
+    has data, its result: ``diffs`` (OnlyNeg minus full filter, accuracy after, per seed), ``verdict`` and ``t``
+    (:meth:`OnlyNeg.verdict`), ``mdd_own`` (the MDD from the design's own pairs), ``check``."""
+    n = len(ONLYNEG.seeds)
+    out: dict = {"n": n}
+    if pair:
+        for key in ("accuracy_after", "entropy_last5"):
+            sd = pair[key]["t"]["sd"]
+            out[key] = {"sd": sd, "n_sd": len(pair["seeds"]), "mdd": stats.mdd_paired(sd, n, alpha=ONLYNEG.alpha,
+                                                                                     power=POWER)}
+    if not records:
+        return out
+    by = {(r["arm"], r["seed"]): r for r in records}
+    seeds = [s for s in ONLYNEG.seeds if (ONLYNEG.full, s) in by and (ONLYNEG.onlyneg, s) in by]
+    diffs = [by[(ONLYNEG.onlyneg, s)]["summary"]["accuracy_after"] - by[(ONLYNEG.full, s)]["summary"]["accuracy_after"]
+             for s in seeds]
+    out["seeds"], out["diffs"] = seeds, diffs
+    if len(diffs) >= 3:
+        out["verdict"], out["t"] = ONLYNEG.verdict(diffs)
+        out["mdd_own"] = stats.mdd_paired(out["t"]["sd"], len(diffs), alpha=ONLYNEG.alpha, power=POWER)
+    out["check"] = check_runs(records, os.path.basename(ONLYNEG.data))
+    return out
+
+
+def _onlyneg_text(o: dict) -> str:
+    a, e = o.get("accuracy_after"), o.get("entropy_last5")
+    text = [f"**Declared design for claim 5** (`experiments/protocol/claim5.py`, `designs/{ONLYNEG.text}`"
+            + ("" if "verdict" in o else "; not run yet") + f"). Power, recomputed from the committed SmolLM2 pair "
+            "(fixed τ 0.7 filter minus no filter, same settings)"
+            + (f": accuracy after training, paired SD {100 * a['sd']:.1f} points ({a['n_sd']} seeds), so an MDD of "
+               f"{100 * a['mdd']:.1f} points with {o['n']} pairs; last-5-step entropy, SD {e['sd']:.3f} nats, MDD "
+               f"{e['mdd']:.3f}; α = {ONLYNEG.alpha}, power {POWER:.0%}." if a else ": not available.") + "\n",
+            design_paragraph(ONLYNEG)]
+    if "verdict" in o:
+        t = o["t"]
+        text.append(f"**Result: {o['verdict']}.** OnlyNeg minus full filter, accuracy after training: "
+                    f"{100 * t['mean']:+.1f} points on {len(o['diffs'])} seeds (95 % CI {100 * t['lo']:+.1f} to "
+                    f"{100 * t['hi']:+.1f}; paired t = {t['t']:.2f}, p = {fmt_p(t['p'])}; MDD from these pairs "
+                    f"{100 * o['mdd_own']:.1f}). {describe(o['check'])}.\n")
+    return "\n".join(text)
+
+
 # ------------------------------------------------------------------ the section
 def _act_rows(rows: list[dict]) -> list[list[str]]:
     out = []
@@ -445,13 +491,24 @@ def section(c7b_res: dict | None = None) -> tuple[str, dict]:
           + (f" SmolLM2's runs (30-40 steps, {pair['cpu_per_step']:.0f} CPU-s per step) are no nearer that horizon."
              if pair else ""))
     # ---- claim 5
-    v5 = ("not testable here: the filter does not act at this scale" if inactive else "not decided",
+    recs5 = read_jsonl_gz(ONLYNEG.data) if os.path.isfile(ONLYNEG.data) else []
+    o = res["onlyneg"] = onlyneg(pair, recs5)
+    if "verdict" in o:
+        label5 = f"{o['verdict']} (declared design on SmolLM2, {len(o['diffs'])} pairs, p = {fmt_p(o['t']['p'])})"
+    elif inactive:
+        label5 = ("not testable on the tiny model (the filter does not act there); testable on SmolLM2, where it "
+                  f"does: a design is declared ({o['n']} paired seeds, MDD "
+                  + (f"{100 * o['accuracy_after']['mdd']:.0f} points of accuracy" if "accuracy_after" in o else "n/a")
+                  + "), not run yet")
+    else:
+        label5 = "not decided"
+    v5 = (label5,
           "OnlyNeg is selectable (`entropy_filter_scope: negative`, docs/config.md) but never ran. It drops a subset of "
           "what the full filter drops, so where the full filter drops nothing the two are the same run: "
           f"{tiny_line}. On the stress model the full filter acts only in {s_drop_runs} of {s_runs} runs "
           f"({s_before} of them with a drop outside a collapse)"
-          + (f"; on SmolLM2 it acts ({100 * pair['dropped_share']:.1f} % of completions at τ 0.7), so OnlyNeg there "
-             "is testable with new runs (not declared in this session)" if pair else "")
+          + (f"; on SmolLM2 it acts ({100 * pair['dropped_share']:.1f} % of completions at τ 0.7), so the design "
+             "below compares the two there" if pair else "")
           + ". The stress grid's `neg_only` arm is another thing: GRPO trained on negative completions only "
           "(`completion_sign: negative`), not the filter restricted to them.")
     # ---- claim 6
@@ -515,6 +572,8 @@ def section(c7b_res: dict | None = None) -> tuple[str, dict]:
         text.append(f"**{names[k]}: {label}.** {body}\n")
         if k == 4:
             text.append(_horizon_text(res["horizon"], res["claim4_cost_h"]))
+        if k == 5:
+            text.append(_onlyneg_text(res["onlyneg"]))
     if c6:
         text.append(table(["replicate", "GRPO + filter + γ vs", "rates", "collapsed", "log-rank (stratified)", "events",
                            f"power at HR {HAZARD_RATIO}", f"HR detectable ({POWER:.0%})"],
@@ -532,10 +591,14 @@ def readme_row(res: dict) -> str:
             + "; ".join(f"{k}. {short[k]}: {res['verdicts'][k][0]}" for k in (3, 4, 5, 6)) + " |")
 
 
-def status_row(res: dict) -> list[str]:
-    """The claim-4 design's row of "Where the protocol stands"."""
-    h = res.get("horizon") or {}
-    state = (f"{len(h['pairs'])} of {h['n']} pairs. {describe(h['check'])}" if "pairs" in h else
-             f"declared, not run yet: {h.get('n', len(HORIZON.seeds))} paired seeds x {HORIZON.steps} steps")
-    return ["claim 4, the long horizon (issue 45 item 2; declared)", state,
-            f"`experiments/data/{os.path.basename(HORIZON.data)}`" if "pairs" in h else "—"]
+def status_rows(res: dict) -> list[list[str]]:
+    """The claim-4 and claim-5 designs' rows of "Where the protocol stands"."""
+    h, o = res.get("horizon") or {}, res.get("onlyneg") or {}
+    return [["claim 4, the long horizon (issue 45 item 2; declared)",
+             f"{len(h['pairs'])} of {h['n']} pairs. {describe(h['check'])}" if "pairs" in h else
+             f"declared, not run yet: {h.get('n', len(HORIZON.seeds))} paired seeds x {HORIZON.steps} steps",
+             f"`experiments/data/{os.path.basename(HORIZON.data)}`" if "pairs" in h else "—"],
+            ["claim 5, OnlyNeg on SmolLM2 (issue 45 item 2; declared)",
+             f"{len(o['diffs'])} of {o['n']} pairs. {describe(o['check'])}" if "check" in o else
+             f"declared, not run yet: {o.get('n', len(ONLYNEG.seeds))} paired seeds x 2 arms",
+             f"`experiments/data/{os.path.basename(ONLYNEG.data)}`" if "check" in o else "—"]]

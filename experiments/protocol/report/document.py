@@ -127,7 +127,7 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
         "## Where the protocol stands\n",
         table(["protocol item", "state", "raw data"], _status_rows(onestep, smol_res, stress_res, stress_b_res, c7_res, default_arm)
               + _new_design_rows(c7b_res, opt_res, opt_c_res) + [claim7_confirm.status_row(c7c_res)]
-              + ([claims3to6.status_row(c36_res)] if c36_res.get("verdicts") else [])) + "\n",
+              + (claims3to6.status_rows(c36_res) if c36_res.get("verdicts") else [])) + "\n",
         status,
         "## Claim 1: GRPO pushes down tokens shared by positive and negative completions; GTPO protects them\n",
         v1,
