@@ -435,7 +435,8 @@ def section(c7b_res: dict | None = None) -> tuple[str, dict]:
     q = off_b["runs_dropping"] / off_b["runs"] if off_b else float("nan")
     k_min = stats.min_differing_pairs(ALPHA)
     n_need = stats.seeds_for_differing_pairs(q, k_min, POWER) if off_b and q > 0 else None
-    res["threshold_power"] = {"q": q, "k_min": k_min, "n_need": n_need}
+    s_cpu = statistics.median(r["timing"]["cpu_s"] for r in _runs("stress-b.jsonl.gz") if r.get("timing"))
+    res["threshold_power"] = {"q": q, "k_min": k_min, "n_need": n_need, "cpu_s": s_cpu}
     stress_line = (f"on the stress model ({s_runs} filter-on runs, {s_comp:,} completions) it dropped {s_drop:,} "
                    f"completions in {s_drop_runs} runs ({s_before} of them with a drop before the run's collapse or "
                    f"without one; {s_before_c:,} completions there); of its {s_above:,} steps with a mean entropy above 1.05, "
@@ -452,7 +453,11 @@ def section(c7b_res: dict | None = None) -> tuple[str, dict]:
                       f"the same run (difference 0), so the mean difference of any outcome is at most q times its "
                       f"range, and an exact two-sided paired test needs at least {k_min} differing pairs to reach "
                       f"p < {ALPHA} (sign test, 2 x 0.5^{k_min} = {2 * 0.5 ** k_min:.3f}): {n_need} runs per arm for a "
-                      f"{POWER:.0%} chance of that many, even for an effect of the same sign in every differing pair.")
+                      f"{POWER:.0%} chance of that many, even for an effect of the same sign in every differing pair. Such a "
+                      f"design would be cheap ({2 * n_need} runs of about {s_cpu:.0f} CPU-s: "
+                      f"{2 * n_need * s_cpu / 3600:.1f} CPU-hours, on a rebuilt stress model, a new replicate), but "
+                      f"it could only see an effect confined to the {100 * q:.0f} % of high-rate stress runs where the filter "
+                      "acts, not the paper's drift in stable training; none is declared.")
         v3 = ("not testable here: the filter does not act in stable training at this scale", body3)
     else:
         v3 = ("not decided: the filter acts on the tiny model; a design is needed", tiny_line + ".")
