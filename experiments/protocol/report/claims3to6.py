@@ -323,7 +323,7 @@ def _horizon_text(h: dict, cost_h: float) -> str:
             f"excluded (95 %)."
             + (f" Held-out pass@1: paired SD {100 * h['sd']:.2f} points in the nearest committed comparison (GTPO "
                f"minus GTPO with γ 0, {h['n_sd']} seeds, 150 steps), so an MDD of {100 * h['mdd']:.1f} points with "
-               f"{h['n']} pairs at α = {HORIZON.alpha}, power {POWER:.0%}." if "mdd" in h else "")
+               f"{h['n']} pairs at α = {HORIZON.alpha}, power {100 * POWER:.0f} %." if "mdd" in h else "")
             + f" Cost at the committed per-step time: {cost_h:.2f} CPU-hours a run.\n",
             design_paragraph(HORIZON)]
     if "pairs" in h:
@@ -372,7 +372,7 @@ def _onlyneg_text(o: dict) -> str:
             "(fixed τ 0.7 filter minus no filter, same settings)"
             + (f": accuracy after training, paired SD {100 * a['sd']:.1f} points ({a['n_sd']} seeds), so an MDD of "
                f"{100 * a['mdd']:.1f} points with {o['n']} pairs; last-5-step entropy, SD {e['sd']:.3f} nats, MDD "
-               f"{e['mdd']:.3f}; α = {ONLYNEG.alpha}, power {POWER:.0%}." if a else ": not available.") + "\n",
+               f"{e['mdd']:.3f}; α = {ONLYNEG.alpha}, power {100 * POWER:.0f} %." if a else ": not available.") + "\n",
             design_paragraph(ONLYNEG)]
     if "verdict" in o:
         t = o["t"]
@@ -439,21 +439,21 @@ def section(c7b_res: dict | None = None) -> tuple[str, dict]:
     res["threshold_power"] = {"q": q, "k_min": k_min, "n_need": n_need, "cpu_s": s_cpu}
     stress_line = (f"on the stress model ({s_runs} filter-on runs, {s_comp:,} completions) it dropped {s_drop:,} "
                    f"completions in {s_drop_runs} runs ({s_before} of them with a drop before the run's collapse or "
-                   f"without one; {s_before_c:,} completions there); of its {s_above:,} steps with a mean entropy above 1.05, "
+                   f"without one; {s_before_c:,} completions there); of those runs' {s_above:,} steps with a mean entropy above 1.05, "
                    f"{s_above_before} come before the run's collapse or in a run without one")
     # ---- claim 3
     if inactive:
         body3 = (f"At τ 0.7 the filter drops nothing where training is stable: {tiny_line}. A step without a completion "
                  "above 0.7 is the same update at τ 0.7, 1.05 and 2.0, so on this model the three thresholds are one "
-                 f"run, and the claimed drift toward ln 2 does not start: {trend_txt}. The filter acts "
-                 f"only on the collapse study's stress model: {stress_line}.")
+                 f"run, and over 150 steps the claimed drift toward ln 2 does not start: {trend_txt}. On the tiny "
+                 f"model the filter acts only in the collapse study: {stress_line}.")
         if off_b and n_need:
             body3 += (f" There a threshold could change official GTPO's run in {off_b['runs_dropping']} of its "
                       f"{off_b['runs']} runs on replicate b (q = {q:.2f}, over its rates x3-x15); every other pair of a τ 0.7 vs 2.0 design is "
                       f"the same run (difference 0), so the mean difference of any outcome is at most q times its "
                       f"range, and an exact two-sided paired test needs at least {k_min} differing pairs to reach "
-                      f"p < {ALPHA} (sign test, 2 x 0.5^{k_min} = {2 * 0.5 ** k_min:.3f}): {n_need} runs per arm for a "
-                      f"{POWER:.0%} chance of that many, even for an effect of the same sign in every differing pair. Such a "
+                      f"p < {ALPHA} (sign test, 2 x 0.5^{k_min} = {2 * 0.5 ** k_min:.3f}): {n_need} runs per arm for an "
+                      f"{100 * POWER:.0f} % chance of that many, even for an effect of the same sign in every differing pair. Such a "
                       f"design would be cheap ({2 * n_need} runs of about {s_cpu:.0f} CPU-s: "
                       f"{2 * n_need * s_cpu / 3600:.1f} CPU-hours, on a rebuilt stress model, a new replicate), but "
                       f"it could only see an effect confined to the {100 * q:.0f} % of high-rate stress runs where the filter "
@@ -470,7 +470,7 @@ def section(c7b_res: dict | None = None) -> tuple[str, dict]:
             "drifting up to it, format lost) does not arise; what the committed runs do show, over "
             f"{pair['steps']} steps on {len(pair['seeds'])} paired seeds, τ 0.7 against no filter (the <H>_ini rule "
             f"leaves it off): mean entropy of the last 5 steps {e['means'][0]:.3f} vs {e['means'][1]:.3f} (paired t = "
-            f"{e['t']['t']:.2f}, p = {fmt_p(e['t']['p'])}, MDD {e['mdd']:.3f} nats at α = {ALPHA}, power {POWER:.0%}); "
+            f"{e['t']['t']:.2f}, p = {fmt_p(e['t']['p'])}, MDD {e['mdd']:.3f} nats at α = {ALPHA}, power {100 * POWER:.0f} %); "
             f"greedy accuracy after {100 * a['means'][0]:.1f} % vs {100 * a['means'][1]:.1f} % (t = {a['t']['t']:.2f}, "
             f"p = {fmt_p(a['t']['p'])}, MDD {100 * a['mdd']:.1f} points). Exploratory: this pair was not declared "
             "for claim 3, and τ 1.05 and 2.0 never ran there."))
@@ -549,7 +549,7 @@ def section(c7b_res: dict | None = None) -> tuple[str, dict]:
               f"On replicate b of the stress grid GRPO + filter + γ collapsed in {ca} of {na} runs against GRPO's {cg} of "
               f"{ng} (log-rank stratified by rate, χ² = {b_g['chi2']:.2f}, p = {fmt_p(b_g['p'])}; {b_g['events']} "
               f"events: power {100 * b_g['power']:.0f} % to detect a halved hazard, hazard ratio {b_g['min_hr']:.2f} "
-              f"detectable with {POWER:.0%} power at α = {ALPHA})"
+              f"detectable with {100 * POWER:.0f} % power at α = {ALPHA})"
               + (f" and against official GTPO's {b_o['collapsed'][2]} of {b_o['collapsed'][3]} (χ² = {b_o['chi2']:.2f}, "
                  f"p = {fmt_p(b_o['p'])})" if b_o else "")
               + (f"; its filter dropped {fg['dropped']} of {fg['completions']:,} completions, in {fg['runs_dropping']} "
@@ -581,7 +581,7 @@ def section(c7b_res: dict | None = None) -> tuple[str, dict]:
             text.append(_onlyneg_text(res["onlyneg"]))
     if c6:
         text.append(table(["replicate", "GRPO + filter + γ vs", "rates", "collapsed", "log-rank (stratified)", "events",
-                           f"power at HR {HAZARD_RATIO}", f"HR detectable ({POWER:.0%})"],
+                           f"power at HR {HAZARD_RATIO}", f"HR detectable ({100 * POWER:.0f} %)"],
                           [[rep, STRESS_LABELS[ref], ", ".join(f"x{f:g}" for f in v["rates"]),
                             "{} of {} vs {} of {}".format(*v["collapsed"]), f"χ² = {v['chi2']:.2f}, p = {fmt_p(v['p'])}",
                             str(v["events"]), f"{100 * v['power']:.0f} %", f"{v['min_hr']:.2f}"]
