@@ -992,3 +992,30 @@ def test_claim5_onlyneg_verdict_by_hand():
 
     assert strip(neg) == strip(full)[:-4] + ["--entropy_filter_scope", "negative"] + strip(full)[-4:]
     assert full[:3] == ["--demo", "--seed", "100"] and len(O.jobs()) == 48 and O.jobs()[:2] == [("full", 100), ("onlyneg", 100)]
+
+
+def test_claims3to6_design_analyses_on_synthetic_records():
+    """The report's reading of the two declared designs' data: claim 4 -- seed 300 ran both arms (the filter never
+    acted, identical steps: the check holds), seed 301's filter acted and only its no-filter run crossed ln 2,
+    seed 302 ran GTPO only (filter never acted: its no-filter outcome is its GTPO run's); claim 5 -- three seeds,
+    OnlyNeg minus full 0.01, -0.01, 0.0 (mean 0)."""
+    from experiments.protocol.report import claims3to6 as c
+
+    low = [{"entropy/mean": 0.1, "reward/mean": 10.0, "gtpo/filtered_frac": 0.0}] * 10
+    acted = low[:5] + [{"entropy/mean": 0.1, "reward/mean": 10.0, "gtpo/filtered_frac": 0.0625}] + low[6:]
+    high = low[:5] + [{"entropy/mean": 1.0, "reward/mean": 1.0, "gtpo/filtered_frac": 0.0}] * 5
+    recs = [{"kind": "final", "arm": "gtpo", "seed": 300, "steps": low},
+            {"kind": "final", "arm": "gtpo_nofilter", "seed": 300, "steps": low},
+            {"kind": "final", "arm": "gtpo", "seed": 301, "steps": acted},
+            {"kind": "final", "arm": "gtpo_nofilter", "seed": 301, "steps": high},
+            {"kind": "final", "arm": "gtpo", "seed": 302, "steps": low}]
+    h = c.horizon(None, recs)
+    assert h["pairs"] == {300: (False, False), 301: (False, True), 302: (False, False)}
+    assert h["collapsed"][301] == (False, True) and h["identical"] is True
+    assert (h["verdict"], h["p"]) == ("not decided", 1.0)  # 1 discordant pair: McNemar p = 1
+    assert h["n"] == 12 and h["k"] == 6 and h["power"][0.5] == pytest.approx(2510 / 4096)
+    runs = [{"kind": "final", "arm": a, "seed": s, "summary": {"accuracy_after": acc}, "steps": []}
+            for s, (f, o) in zip((100, 101, 102), ((0.30, 0.31), (0.40, 0.39), (0.20, 0.20))) for a, acc in (("full", f), ("onlyneg", o))]
+    o = c.onlyneg(None, runs)
+    assert o["seeds"] == [100, 101, 102] and o["diffs"] == pytest.approx([0.01, -0.01, 0.0])
+    assert o["verdict"] == "not reproduced" and o["t"]["mean"] == pytest.approx(0.0, abs=1e-12)

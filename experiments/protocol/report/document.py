@@ -3,7 +3,8 @@
     python -m experiments.protocol.report            # rewrites docs/results.md and docs/results/protocol/*.png
 
 Every number in the file is computed from the data files by the section modules of this package (one per
-claim: ``claim1``, ``claim2``, ``claim2_optimiser``, ``claim7``, ``claim7_attribution``, ``smol``); the verdict
+claim: ``claim1``, ``claim2``, ``claim2_optimiser``, ``claims3to6``, ``claim7``, ``claim7_attribution``, ``smol``; the
+claims 3-6 section also writes the README results table's row of those claims); the verdict
 labels are generated (``verdicts``) and the longer readings are the hand-written :data:`prose.VERDICTS` (edit
 them when the data change). This module puts the sections together in the document's order.
 """
