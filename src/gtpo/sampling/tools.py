@@ -155,6 +155,10 @@ class Toolbox:
             if not callable(tool):
                 raise ValueError(f"{where}: tools[{i}] is {type(tool).__name__}, not a function")
         probe = None
+        if isinstance(environment_factory, dict):
+            raise ValueError(f"{where}: environment_factory as a dict of environments (TRL's multi-environment "
+                             "routing by an 'environment' column) is not supported on gtpo's engine: give one class, "
+                             "or train with engine: trl")
         if environment_factory is not None:
             name = getattr(environment_factory, "__name__", type(environment_factory).__name__)
             try:
