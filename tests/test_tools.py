@@ -440,3 +440,23 @@ def test_calculator_config_calls_the_tool(engine, tool_model, tmp_path, monkeypa
         messages = [m for r in map(json.loads, open(out / "completions.jsonl")) for m in r["messages"]]
         results = [m["content"] for m in messages if m["role"] == "tool" and m["name"] == "calculator"]
         assert results and all(r.lstrip("-").isdigit() or "error" in r for r in results), results
+
+
+def test_dapo_dynamic_sampling_keeps_each_completion_its_tool_mask(tool_model, tok, tmp_path):
+    """DAPO regroups the step's groups (ScoredBatch.group / concat): the tool masks, conversations and counts follow
+    their completions, and the loss mask is still the completion mask without the tool tokens."""
+    args = GTPOConfig(output_dir=str(tmp_path), loss_type="dapo", mask_truncated_completions=False,
+                      **{**TRAIN, "max_steps": 1})
+    trainer = GTPOTrainer(tool_model, varied, conversational(), args=args, processing_class=tok, tools=[add])
+    script_first_turn(trainer, [call_text("add", a=3, b=4), "7<|im_end|>"])
+    seen = record_inputs(trainer)
+    trainer.train()
+    rollout_, _, inputs = seen[0]
+    agent = rollout_.agent
+    assert agent.tool_mask.shape == rollout_.completion_ids.shape and len(agent.conversations) == 2 * G
+    for i in range(2 * G):
+        called = len(agent.conversations[i]) > 1
+        assert int(agent.calls[i]) == called and bool((agent.tool_mask[i] * rollout_.completion_mask[i]).ne(
+            rollout_.completion_mask[i]).any()) == called
+        assert rollout_.texts[i].startswith("<tool_call>") == called
+    assert torch.equal(inputs.mask, (rollout_.completion_mask * agent.tool_mask).float())
