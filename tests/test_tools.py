@@ -75,7 +75,7 @@ class Calculator:
 
     def reset(self, **row) -> str | None:
         self.total, self.row = 0, row
-        return None
+        return f" (hint {row['answer']})"  # appended to the prompt's last message, as TRL does
 
     def add(self, a: int, b: int) -> int:
         """Add two integers.
@@ -351,7 +351,10 @@ def test_environment_factory_and_its_reward(tool_model, tok, tmp_path):
                           environment_factory=Calculator)
     assert trainer.scorer.names == ["reward", "Calculator"]
     script_first_turn(trainer, [call_text("add", a=1, b=2), "no tool<|im_end|>"])
+    inputs = record_inputs(trainer)
     metrics = trainer.train()
+    prompts = tok.batch_decode(inputs[0][0].prompt_ids, skip_special_tokens=True)
+    assert all(f"+4? (hint {e.row['answer']})" in p for p, e in zip(prompts, seen[0]))  # each row its own reset
     assert ("env.add", (1, 2)) in CALLS and len(seen[0]) == 2 * G and len({id(e) for e in seen[0]}) == 2 * G
     assert {e.row["answer"] for e in seen[0]} <= {str(i + 4) for i in range(4)}
     assert metrics["rewards/Calculator/mean"] == pytest.approx(1.5)  # half the completions added 1 + 2
