@@ -246,6 +246,9 @@ def test_bad_tools_are_refused_before_training(tok, tool_model, tmp_path):
         Toolbox(tok, environment_factory=NoReset)
     with pytest.raises(ValueError, match="cannot render a tool call"):
         Toolbox(build_tiny_tokenizer(), [add])  # the plain ChatML template has no tools
+    with pytest.raises(ValueError, match="use_vllm: gtpo's trainer runs tool-calling rollouts on its own sampler"):
+        GTPOTrainer(tool_model, varied, conversational(), processing_class=tok, tools=[add],
+                    args=GTPOConfig(output_dir=str(tmp_path), use_vllm=True))
     args = GTPOConfig(output_dir=str(tmp_path), max_steps=1, group_size=G, prompts_per_step=1)
     with pytest.raises(ValueError, match="tools need conversational prompts"):
         GTPOTrainer(tool_model, lambda completions, **k: [0.0] * len(completions),

@@ -121,6 +121,10 @@ class GTPOTrainer:
         args.validate()
         check_gtpo_engine(args)  # what gtpo's engine refuses of a valid config (save_strategy: best)
         check_push_to_hub(args)  # push_to_hub needs the Hub: refused offline, before the model loads
+        if args.use_vllm and (tools or environment_factory is not None):
+            raise ValueError("GTPOConfig.use_vllm: gtpo's trainer runs tool-calling rollouts on its own sampler only "
+                             "(multi-turn turns on the colocated vLLM engine are not implemented): set use_vllm: false, "
+                             "or train with engine: trl, whose vLLM rollouts call tools (docs/agents.md)")
         if args.use_vllm and args.vllm_enable_sleep_mode and cpu_only():
             raise ValueError("GTPOConfig.vllm_enable_sleep_mode: vLLM has no sleep mode on CPU; set it to false")
         if args.use_vllm:
@@ -269,10 +273,6 @@ class GTPOTrainer:
         if rollout_func is not None:
             raise ValueError("GTPOTrainer: give tools / environment_factory or a rollout_func, not both (a rollout_func "
                              "runs its own tool loop and returns env_mask)")
-        if a.use_vllm:
-            raise ValueError("GTPOConfig.use_vllm: gtpo's trainer runs tool-calling rollouts on its own sampler only "
-                             "(multi-turn turns on the colocated vLLM engine are not implemented): set use_vllm: false, "
-                             "or train with engine: trl, whose vLLM rollouts call tools (docs/agents.md)")
         if len(dataset) and "prompt" in dataset.column_names and isinstance(dataset[0]["prompt"], str):
             raise ValueError("GTPOTrainer: tools need conversational prompts (train_dataset's 'prompt' a list of "
                              "{'role', 'content'} messages), as in TRL: the chat template shows the tools, the tool "
