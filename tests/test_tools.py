@@ -466,3 +466,22 @@ def test_dapo_dynamic_sampling_keeps_each_completion_its_tool_mask(tool_model, t
             rollout_.completion_mask[i]).any()) == called
         assert rollout_.texts[i].startswith("<tool_call>") == called
     assert torch.equal(inputs.mask, (rollout_.completion_mask * agent.tool_mask).float())
+
+
+def test_a_yaml_with_a_bad_tool_is_refused_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    """The YAML's tools are checked when they are imported: the error names the file, the key and the tool."""
+    from gtpo.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_tools.py").write_text("def lookup(key):\n    return key\n")
+    (tmp_path / "train.jsonl").write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n")
+    (tmp_path / "run.yaml").write_text("model: no/such-model\ndataset: train.jsonl\nreward_funcs: [correctness]\n"
+                                       "tools: [my_tools.py:lookup]\n")
+    assert main(["train", "run.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "run.yaml: tools: tools[0] 'lookup'" in err and "docstring" in err, err
+    (tmp_path / "run.yaml").write_text("model: no/such-model\ndataset: train.jsonl\nreward_funcs: [correctness]\n"
+                                       "tools: [my_tools.py:missing]\n")
+    assert main(["train", "run.yaml"]) == 2
+    assert "run.yaml: tools[0]: 'my_tools.py:missing': 'my_tools.py' has no callable 'missing'; callables there: " \
+           "['lookup']" in capsys.readouterr().err

@@ -150,11 +150,19 @@ def _load_tools(run: RunSpec, *, source: str, options) -> tuple[list | None, Any
     from .common import import_object
 
     base = os.path.dirname(os.path.abspath(source)) if source and os.path.isfile(source) else None
+
+    def where(key: str) -> str:  # "--tools" on the command line, "run.yaml: tools" in the file
+        return where_of(options, key, source) + ("" if key in options else f": {key}")
+
     try:
         tools = None if not run.tools else [
-            import_object(t, f"{where_of(options, 'tools', source)}[{i}]", base_dir=base) for i, t in enumerate(run.tools)]
+            import_object(t, f"{where('tools')}[{i}]", base_dir=base) for i, t in enumerate(run.tools)]
         env = None if not run.environment_factory else import_object(
-            run.environment_factory, where_of(options, "environment_factory", source), base_dir=base)
+            run.environment_factory, where("environment_factory"), base_dir=base)
+        if tools or env is not None:  # what no chat template can show, before any model loads
+            from ..sampling.tools import check_tools
+
+            check_tools(tools, env, where=where("tools" if tools else "environment_factory"))
     except ValueError as err:
         raise ConfigError(str(err)) from None
     return tools, env

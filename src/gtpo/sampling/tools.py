@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["AgentTrace", "Toolbox", "environment_reward", "rollout_from_func", "run_tool_call", "tool_rollout"]
+__all__ = ["AgentTrace", "Toolbox", "check_tools", "environment_reward", "rollout_from_func", "run_tool_call", "tool_rollout"]
 
 
 # ----------------------------------------------------------------------------------------------- the trace
@@ -119,6 +119,55 @@ def _tool_methods(environment) -> list[Callable]:
             if name not in ("reset", "get_reward") and not name.startswith("_")]
 
 
+def check_tools(tools: list[Callable] | None, environment_factory: Callable | None = None, *,
+                where: str = "GTPOTrainer"):
+    """Refuse, naming ``where`` and the tool, what no chat template can show the model: a tool that is not callable
+    or has no JSON schema (type hints and a docstring line per argument, ``transformers.utils.get_json_schema``), two
+    tools of one name, an ``environment_factory`` that is a dict (TRL's multi-environment routing), that fails to
+    build, or whose instances have no ``reset`` or no tool method. Needs no tokenizer: the application layer calls it
+    before any model loads. Returns the environment instance it built (None without ``environment_factory``)."""
+    from transformers.utils import get_json_schema
+
+    tools = list(tools or [])
+    for i, tool in enumerate(tools):
+        if not callable(tool):
+            raise ValueError(f"{where}: tools[{i}] is {type(tool).__name__}, not a function")
+    probe = None
+    if isinstance(environment_factory, dict):
+        raise ValueError(f"{where}: environment_factory as a dict of environments (TRL's multi-environment "
+                         "routing by an 'environment' column) is not supported on gtpo's engine: give one class, "
+                         "or train with engine: trl")
+    if environment_factory is not None:
+        name = getattr(environment_factory, "__name__", type(environment_factory).__name__)
+        try:
+            probe = environment_factory()
+        except Exception as err:
+            raise ValueError(f"{where}: environment_factory {name}() raised {type(err).__name__}: {err}") from err
+        if not callable(getattr(probe, "reset", None)):
+            raise ValueError(f"{where}: environment_factory {name}: its instances must define a callable "
+                             "reset(**row) (called before each rollout with the dataset row; returns None or an "
+                             "observation appended to the prompt), as TRL's environment_factory requires")
+        if not _tool_methods(probe) and not tools:
+            raise ValueError(f"{where}: environment_factory {name} has no public method to use as a tool")
+    named = [(f"tools[{i}] {getattr(t, '__name__', t)!r}", t) for i, t in enumerate(tools)]
+    if probe is not None:
+        named += [(f"environment_factory {type(probe).__name__}.{m.__name__}", m) for m in _tool_methods(probe)]
+    for label, tool in named:
+        try:
+            get_json_schema(tool)
+        except Exception as err:  # DocstringParsingException / TypeHintParsingException
+            raise ValueError(f"{where}: {label}: the chat template shows the model each tool's JSON schema, "
+                             f"built from its type hints and docstring, and this one has none: {err}. Give it type "
+                             "hints and a Google-style docstring with an 'Args:' line per argument") from err
+    seen: dict[str, str] = {}
+    for label, tool in named:
+        if tool.__name__ in seen:
+            raise ValueError(f"{where}: {label} and {seen[tool.__name__]} have the same name "
+                             f"{tool.__name__!r}: the model calls tools by name")
+        seen[tool.__name__] = label
+    return probe
+
+
 class Toolbox:
     """The tools of a run (TRL's ``tools`` and ``environment_factory``) and the tokenizer that renders and parses
     them. Built once, before training: every problem a user can cause is refused here, naming what and where.
@@ -144,50 +193,13 @@ class Toolbox:
             raise ImportError(f"{where}: tools / environment_factory parse the model's tool calls with TRL's chat "
                               "template utilities: pip install 'trl>=1.16,<1.17' (the 'agents' extra: "
                               "pip install 'gtpo[agents]')") from err
-        from transformers.utils import get_json_schema
-
         self._ctu = ctu
         self.tokenizer = tokenizer
         self.where = where
         self.tools = list(tools or [])
         self.environment_factory = environment_factory
-        for i, tool in enumerate(self.tools):
-            if not callable(tool):
-                raise ValueError(f"{where}: tools[{i}] is {type(tool).__name__}, not a function")
-        probe = None
-        if isinstance(environment_factory, dict):
-            raise ValueError(f"{where}: environment_factory as a dict of environments (TRL's multi-environment "
-                             "routing by an 'environment' column) is not supported on gtpo's engine: give one class, "
-                             "or train with engine: trl")
-        if environment_factory is not None:
-            name = getattr(environment_factory, "__name__", type(environment_factory).__name__)
-            try:
-                probe = environment_factory()
-            except Exception as err:
-                raise ValueError(f"{where}: environment_factory {name}() raised {type(err).__name__}: {err}") from err
-            if not callable(getattr(probe, "reset", None)):
-                raise ValueError(f"{where}: environment_factory {name}: its instances must define a callable "
-                                 "reset(**row) (called before each rollout with the dataset row; returns None or an "
-                                 "observation appended to the prompt), as TRL's environment_factory requires")
-            if not _tool_methods(probe) and not self.tools:
-                raise ValueError(f"{where}: environment_factory {name} has no public method to use as a tool")
+        probe = check_tools(self.tools, environment_factory, where=where)
         self.has_env_reward = probe is not None and callable(getattr(probe, "get_reward", None))
-        named = [(f"tools[{i}] {getattr(t, '__name__', t)!r}", t) for i, t in enumerate(self.tools)]
-        if probe is not None:
-            named += [(f"environment_factory {type(probe).__name__}.{m.__name__}", m) for m in _tool_methods(probe)]
-        for label, tool in named:
-            try:
-                get_json_schema(tool)
-            except Exception as err:  # DocstringParsingException / TypeHintParsingException
-                raise ValueError(f"{where}: {label}: the chat template shows the model each tool's JSON schema, "
-                                 f"built from its type hints and docstring, and this one has none: {err}. Give it type "
-                                 "hints and a Google-style docstring with an 'Args:' line per argument") from err
-        seen: dict[str, str] = {}
-        for label, tool in named:
-            if tool.__name__ in seen:
-                raise ValueError(f"{where}: {label} and {seen[tool.__name__]} have the same name "
-                                 f"{tool.__name__!r}: the model calls tools by name")
-            seen[tool.__name__] = label
         self._pool = [probe] if probe is not None else []
         # the chat template: renders tools, parses tool calls, appends tool turns by prefix (TRL's requirements)
         template_name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
