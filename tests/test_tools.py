@@ -304,15 +304,18 @@ def record_inputs(trainer):
 
 
 def test_trainer_trains_gtpo_over_model_tokens_with_tools(tool_model, tok, tmp_path):
-    """tools=[add, boom]: the tools run, a raising tool is a message, the run trains two steps; the loss mask the
+    """tools=[add, boom, sleepy]: the tools run, a raising tool and a hanging one (tool_call_timeout) are messages,
+    the run trains two steps; the loss mask the
     method gets is the completion mask with the tool tokens cut out, and GTPO's conflict weights are computed on it;
     the metrics and completions.jsonl record the calls and the conversations."""
     from test_metric_names import undocumented
 
     CALLS.clear()
-    args = GTPOConfig(output_dir=str(tmp_path), max_tool_calling_iterations=2, tool_call_timeout=5, **TRAIN)
-    trainer = GTPOTrainer(tool_model, varied, conversational(), args=args, processing_class=tok, tools=[add, boom])
-    script_first_turn(trainer, [call_text("add", a=3, b=4), call_text("boom", x=1), call_text("add", a=4, b=4),
+    args = GTPOConfig(output_dir=str(tmp_path), max_tool_calling_iterations=2, tool_call_timeout=0.5,
+                      **{**TRAIN, "max_prompt_length": 1400, "max_completion_length": 300})  # room for the errors
+    trainer = GTPOTrainer(tool_model, varied, conversational(), args=args, processing_class=tok,
+                          tools=[add, boom, sleepy])
+    script_first_turn(trainer, [call_text("add", a=3, b=4), call_text("boom", x=1), call_text("sleepy", x=4),
                                 "7<|im_end|>"])
     seen = record_inputs(trainer)
     metrics = trainer.train()
@@ -337,6 +340,7 @@ def test_trainer_trains_gtpo_over_model_tokens_with_tools(tool_model, tok, tmp_p
     tools = [m for r in records for m in r["messages"] if m["role"] == "tool"]
     assert {"name": "add", "role": "tool", "content": "7"} in tools
     assert any(m["name"] == "boom" and "boom on 1" in m["content"] for m in tools)
+    assert any(m["name"] == "sleepy" and "timed out after 0.5 s" in m["content"] for m in tools)
 
 
 def test_environment_factory_and_its_reward(tool_model, tok, tmp_path):
