@@ -336,6 +336,20 @@ def test_trainer_trains_gtpo_over_model_tokens_with_tools(tool_model, tok, tmp_p
         assert torch.equal(inputs.token_weights, w) and torch.equal(inputs.n_conflict, n)
         holes += int((expected[:, 1:].bool() & ~expected[:, :-1].bool()).any(1).sum())
     assert holes > 0, "no completion had model tokens after a tool segment"
+    # the training forward reads the tool tokens (out of the loss, not out of the context): its log-probs are the
+    # model's on the whole conversation
+    rollout_, _, inputs = seen[-1]
+    with torch.no_grad():
+        logp, _ = trainer.forward(rollout_, slice(0, len(rollout_.texts)), inputs.mask)
+        ids = torch.cat([rollout_.prompt_ids, rollout_.completion_ids], 1)
+        attention = torch.cat([rollout_.prompt_mask, rollout_.completion_mask], 1)
+        logits = trainer.unwrapped_model(input_ids=ids, attention_mask=attention).logits
+        logits = logits[:, rollout_.prompt_ids.shape[1] - 1:-1].float()
+        ref = torch.log_softmax(logits, -1).gather(-1, rollout_.completion_ids.unsqueeze(-1)).squeeze(-1)
+    rows = rollout_.prompt_mask.bool().all(1)  # no left padding: the plain forward's positions are the same
+    m = inputs.mask.bool() & rows.unsqueeze(1)
+    assert m.sum() > 0
+    torch.testing.assert_close(logp[m], ref[m], rtol=1e-4, atol=1e-4)
     records = [json.loads(x) for x in open(tmp_path / "completions.jsonl")]
     tools = [m for r in records for m in r["messages"] if m["role"] == "tool"]
     assert {"name": "add", "role": "tool", "content": "7"} in tools

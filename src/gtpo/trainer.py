@@ -513,8 +513,9 @@ class GTPOTrainer:
         prompt, completion = rollout.prompt_ids[index].to(dev, non_blocking=True), \
             rollout.completion_ids[index].to(dev, non_blocking=True)
         input_ids = torch.cat([prompt, completion], dim=1)
-        # the model attends to every completion token, tool tokens included (the loss mask has holes there)
-        seen = mask[index] if rollout.agent is None else rollout.completion_mask[index] * (mask[index].sum(1, keepdim=True) > 0)
+        seen = mask[index]  # the loss mask: the completion's tokens (none for a masked truncated row)
+        if rollout.agent is not None:  # tool tokens are out of the loss but in the context the model reads
+            seen = rollout.completion_mask[index] * (seen.sum(1, keepdim=True) > 0)
         attn = torch.cat([rollout.prompt_mask[index].to(dev, non_blocking=True), seen.long().to(dev)], dim=1)
         return (policy or self.policy)(input_ids, attn, completion, self.args.resolved_logprob_temperature)
 
