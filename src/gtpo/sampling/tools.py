@@ -30,7 +30,8 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["AgentTrace", "Toolbox", "check_tools", "environment_reward", "rollout_from_func", "run_tool_call", "tool_rollout"]
+__all__ = ["AgentTrace", "Toolbox", "check_tools", "environment_reward", "rollout_from_func", "run_tool_call",
+           "tool_rollout"]
 
 
 # ----------------------------------------------------------------------------------------------- the trace
