@@ -177,6 +177,8 @@ def test_every_file_under_configs_has_a_journey():
     """Each config is run here (the paper recipes) or by the test that names it."""
     covered = {
         "configs/accelerate/cpu_ddp_2proc.yaml": "tests/test_ddp.py",
+        "configs/agents/calculator.yaml": "tests/test_tools.py",
+        "configs/agents/calculator_tools.py": "tests/test_tools.py",
         "configs/accelerate/deepspeed_zero3.yaml": "tests/test_dtype_device.py",
         "configs/verl/qwen2.5-3b-gsm8k-gtpo.yaml": "tests/verl/test_verl_configs.py",
         "configs/verl/qwen2.5-3b-gsm8k-grpo.yaml": "tests/verl/test_verl_configs.py",

@@ -18,11 +18,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_run_keys_and_defaults():
     """The run keys, in order, with the defaults `gtpo train` has always had."""
-    assert RunSpec.key_names() == ["model", "dataset", "eval_dataset", "reward_funcs", "eval_reward",
+    assert RunSpec.key_names() == ["model", "dataset", "eval_dataset", "reward_funcs", "tools", "environment_factory",
+                                   "eval_reward",
                                    "eval_before_after", "peft", "sft_warmup", "probes", "resume_from_checkpoint",
                                    "log_level", "engine"]
     assert RunSpec().to_dict() == {
-        "model": None, "dataset": None, "eval_dataset": None, "reward_funcs": None, "eval_reward": "correctness",
+        "model": None, "dataset": None, "eval_dataset": None, "reward_funcs": None, "tools": None,
+        "environment_factory": None, "eval_reward": "correctness",
         "eval_before_after": False, "peft": None, "sft_warmup": None, "probes": None, "resume_from_checkpoint": None,
         "log_level": "info", "engine": "gtpo"}
     assert RunSpec().trl == {} and "trl" not in RunSpec.key_names()

@@ -60,6 +60,7 @@ from .run.trackers import check_trackers, log_table, start_trackers
 from .run.update import SamplerStats, UpdateInputs, UpdateResult
 from .sampling.policy import PolicyForward
 from .sampling.rollout import PromptSampler, Rollout, SamplingParams, encode_dataset_prompts, eos_token_ids, generate
+from .sampling.tools import environment_reward
 
 if TYPE_CHECKING:
     from .run.build import Precision
@@ -90,12 +91,25 @@ class GTPOTrainer:
             after its prefix is logged every step (``probe/<name>``).
         precision: the run's :class:`gtpo.run.build.Precision` when the caller decided it and loaded ``model`` with
             it (:func:`gtpo.run.build.run_precision`, as the application layer does); None: decided here, the same way.
+        tools: Python functions the model may call (TRL's ``tools``): type hints and a docstring per function;
+            completions become multi-turn (:mod:`gtpo.sampling.tools`, docs/agents.md): the rollout stops at a tool
+            call, runs it (``tool_call_timeout``), appends its result as tool tokens that the loss never sees, and
+            continues (``max_tool_calling_iterations``, ``max_completion_length``). Needs conversational prompts;
+            reward functions get each completion as its list of messages.
+        environment_factory: a class whose instances have ``reset(**row)`` and tool methods (TRL's
+            ``environment_factory``): one instance per completion; reward functions get them as ``environments``;
+            a ``get_reward()`` method becomes a reward function named after the class.
+        rollout_func: TRL's ``rollout_func(prompts, trainer) -> {"prompt_ids", "completion_ids", "logprobs",
+            "env_mask"?, ...}`` replacing gtpo's sampler (``prompts``: one per completion, ``group_size`` per dataset
+            prompt; ``trainer``: this trainer, with TRL's ``processing_class``, ``model``, ``args``); ``env_mask``
+            0 marks environment tokens, other keys reach the reward functions.
     """
 
     def __init__(self, model: str | nn.Module, reward_funcs: Callable | str | list, train_dataset,
                  args: GTPOConfig | None = None, processing_class=None, peft_config=None, eval_dataset=None,
                  eval_reward_func: Callable | None = None, probe_texts: dict[str, tuple[str, str]] | None = None,
-                 precision: Precision | None = None):
+                 precision: Precision | None = None, tools: list[Callable] | None = None,
+                 environment_factory: Callable | None = None, rollout_func: Callable | None = None):
         from accelerate.utils import set_seed
 
         from .run import build as setup
@@ -107,6 +121,10 @@ class GTPOTrainer:
         args.validate()
         check_gtpo_engine(args)  # what gtpo's engine refuses of a valid config (save_strategy: best)
         check_push_to_hub(args)  # push_to_hub needs the Hub: refused offline, before the model loads
+        if args.use_vllm and (tools or environment_factory is not None):
+            raise ValueError("GTPOConfig.use_vllm: gtpo's trainer runs tool-calling rollouts on its own sampler only "
+                             "(multi-turn turns on the colocated vLLM engine are not implemented): set use_vllm: false, "
+                             "or train with engine: trl, whose vLLM rollouts call tools (docs/agents.md)")
         if args.use_vllm and args.vllm_enable_sleep_mode and cpu_only():
             raise ValueError("GTPOConfig.vllm_enable_sleep_mode: vLLM has no sleep mode on CPU; set it to false")
         if args.use_vllm:
@@ -151,12 +169,21 @@ class GTPOTrainer:
         if self.is_peft:
             base_model = setup.add_adapter(base_model, peft_config, self.precision)
 
+        # multi-turn rollouts (gtpo.sampling.tools): tools / environment_factory, or a TRL rollout_func
+        train_dataset = as_dataset(train_dataset, "train_dataset")
+        self.rollout_func = rollout_func
+        self.toolbox = self._toolbox(tools, environment_factory, rollout_func, train_dataset)
+
         # rewards and data
-        funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        self.scorer = RewardScorer([f if callable(f) else resolve_reward(f) for f in funcs], args.reward_weights,
-                                   device=acc.device)
+        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else \
+            [] if reward_funcs is None else [reward_funcs]
+        funcs = [f if callable(f) else resolve_reward(f) for f in funcs]
+        if self.toolbox is not None and self.toolbox.has_env_reward:  # TRL: the environment's get_reward is a reward
+            funcs.append(environment_reward(type(self.toolbox.environments(1)[0]).__name__))
+        self.scorer = RewardScorer(funcs, args.reward_weights, device=acc.device)
+        render = None if self.toolbox is None else self.toolbox.prompt_renderer()
         self.train_dataset, self._prompt_ids, self.dropped_prompts = encode_dataset_prompts(
-            as_dataset(train_dataset, "train_dataset"), self.tokenizer, args.max_prompt_length)
+            train_dataset, self.tokenizer, args.max_prompt_length, render=render)
         self.eval_dataset = None if eval_dataset is None else as_dataset(eval_dataset, "eval_dataset")
         self.eval_reward_func = eval_reward_func
         self.probe_texts = probe_texts or {}
@@ -217,6 +244,43 @@ class GTPOTrainer:
     @property
     def unwrapped_model(self) -> nn.Module:
         return self.accelerator.unwrap_model(self.policy).model
+
+    # TRL's names, for a rollout_func written for TRL's GRPOTrainer (it gets the trainer as its second argument)
+    @property
+    def model(self) -> nn.Module:
+        """The policy model (:attr:`unwrapped_model`; TRL's ``trainer.model``)."""
+        return self.unwrapped_model
+
+    @property
+    def processing_class(self):
+        """The tokenizer (TRL's ``trainer.processing_class``)."""
+        return self.tokenizer
+
+    @property
+    def num_generations(self) -> int:
+        """``group_size`` (TRL's ``trainer.num_generations``)."""
+        return self.args.group_size
+
+    def _toolbox(self, tools, environment_factory, rollout_func, dataset):
+        """The run's :class:`gtpo.sampling.tools.Toolbox` (None without tools and environment), after refusing what
+        cannot train: tools with vLLM or with a rollout_func, tools on standard (string) prompts."""
+        a = self.args
+        if not tools and environment_factory is None:
+            if a.max_tool_calling_iterations is not None:
+                logger.warning("max_tool_calling_iterations=%s has no effect without tools or environment_factory",
+                               a.max_tool_calling_iterations)
+            return None
+        if rollout_func is not None:
+            raise ValueError("GTPOTrainer: give tools / environment_factory or a rollout_func, not both (a rollout_func "
+                             "runs its own tool loop and returns env_mask)")
+        if len(dataset) and "prompt" in dataset.column_names and isinstance(dataset[0]["prompt"], str):
+            raise ValueError("GTPOTrainer: tools need conversational prompts (train_dataset's 'prompt' a list of "
+                             "{'role', 'content'} messages), as in TRL: the chat template shows the tools, the tool "
+                             "results are messages, and reward functions get each completion as its messages. Row 0's "
+                             "prompt is a string; give e.g. [{'role': 'user', 'content': prompt}]")
+        from .sampling.tools import Toolbox
+
+        return Toolbox(self.tokenizer, tools, environment_factory, where="GTPOTrainer")
 
     # ================================================================== vLLM
     def vllm_engine_kwargs(self) -> dict[str, Any]:
@@ -309,10 +373,15 @@ class GTPOTrainer:
         return SamplingParams.for_rollout(self.args)
 
     def sample_rollout(self, rows: list[int]) -> Rollout:
-        """``group_size`` completions for each of the dataset ``rows`` (this process's prompts)."""
+        """``group_size`` completions for each of the dataset ``rows`` (this process's prompts): gtpo's sampler
+        (or vLLM), multi-turn with tools (:func:`gtpo.sampling.tools.tool_rollout`), or the ``rollout_func``."""
         a = self.args
+        if self.rollout_func is not None:
+            return self._rollout_func_rollout(rows)
         try:
             prompt_ids = [self._prompt_ids[r] for r in rows]
+            if self.toolbox is not None:
+                return self._tool_rollout(rows)
             if a.use_vllm:
                 return self.vllm_engine.generate(
                     prompt_ids, sampling=self.sampling, num_samples=a.group_size, eos_ids=self.eos_ids,
@@ -335,6 +404,37 @@ class GTPOTrainer:
                 f"{self.run_dir.checkpoint_note()} Lower learning_rate or max_grad_norm, or train in float32 "
                 "instead of bf16"
             ) from err
+
+    def _sample_turn(self, prompt_ids: list[list[int]], num_samples: int, sampling: SamplingParams) -> Rollout:
+        """One turn of ``num_samples`` completions for each of ``prompt_ids`` with gtpo's sampler."""
+        a = self.args
+        with self.precision.context(self.accelerator.device):
+            return generate(self.unwrapped_model, self.tokenizer, [None] * len(prompt_ids), sampling=sampling,
+                            prompt_ids=prompt_ids, num_samples=num_samples, batch_size=a.generation_chunk_size,
+                            decode_loop=a.decode_loop, merge_lora=a.merge_lora_for_sampling)
+
+    def _tool_rollout(self, rows: list[int]) -> Rollout:
+        """Multi-turn completions with the run's tools (:func:`gtpo.sampling.tools.tool_rollout`)."""
+        from .sampling.tools import tool_rollout
+
+        a = self.args
+        data = self.train_dataset.select(rows)
+        return tool_rollout(self.unwrapped_model, self.toolbox, list(data["prompt"]), [dict(x) for x in data],
+                            sampling=self.sampling, num_samples=a.group_size,
+                            max_iterations=a.max_tool_calling_iterations, timeout=a.tool_call_timeout,
+                            eos_ids=self.eos_ids, sample=self._sample_turn)
+
+    def _rollout_func_rollout(self, rows: list[int]) -> Rollout:
+        """TRL's ``rollout_func(prompts, trainer)`` on this process's prompts, each repeated ``group_size`` times as
+        TRL passes them (:func:`gtpo.sampling.tools.rollout_from_func`)."""
+        from .sampling.tools import rollout_from_func
+
+        g = self.args.group_size
+        prompts = [p for p in self.train_dataset.select(rows)["prompt"] for _ in range(g)]
+        with self.precision.context(self.accelerator.device):
+            output = self.rollout_func(prompts, self)
+        return rollout_from_func(output, self.tokenizer, conversational=not isinstance(prompts[0], str),
+                                 n=len(prompts), eos_ids=self.eos_ids)
 
     def score(self, rows: list[int], rollout: Rollout) -> ScoredBatch:
         """The rollout of dataset ``rows`` with its rewards (reward functions, then DAPO's overlong penalty)."""
@@ -387,7 +487,8 @@ class GTPOTrainer:
         reference log-probs, for ``rollout`` (N rows) and ``advantages (N,)``."""
         a = self.args
         maskf = method.loss_mask(rollout.completion_mask, rollout.truncated,
-                                 mask_truncated_completions=a.mask_truncated_completions)
+                                 mask_truncated_completions=a.mask_truncated_completions,
+                                 tool_mask=None if rollout.agent is None else rollout.agent.tool_mask)
         group = method.group_inputs(rollout.completion_ids, maskf, advantages, a)
         stats = method.conflict_stats(group, maskf)
         inputs = UpdateInputs(
@@ -412,7 +513,10 @@ class GTPOTrainer:
         prompt, completion = rollout.prompt_ids[index].to(dev, non_blocking=True), \
             rollout.completion_ids[index].to(dev, non_blocking=True)
         input_ids = torch.cat([prompt, completion], dim=1)
-        attn = torch.cat([rollout.prompt_mask[index].to(dev, non_blocking=True), mask[index].long().to(dev)], dim=1)
+        seen = mask[index]  # the loss mask: the completion's tokens (none for a masked truncated row)
+        if rollout.agent is not None:  # tool tokens are out of the loss but in the context the model reads
+            seen = rollout.completion_mask[index] * (seen.sum(1, keepdim=True) > 0)
+        attn = torch.cat([rollout.prompt_mask[index].to(dev, non_blocking=True), seen.long().to(dev)], dim=1)
         return (policy or self.policy)(input_ids, attn, completion, self.args.resolved_logprob_temperature)
 
     def _micro_batches(self, n: int) -> list[slice]:
@@ -742,12 +846,15 @@ class GTPOTrainer:
     def _log_completions(self) -> None:
         batch, g = self.last_batch, self.args.group_size
         prompts = self.train_dataset.select(batch.rows)["prompt"]
+        agent = batch.rollout.agent
         for i in range(self._shown_completions()):
             prompt = prompts[i // g]
-            self.run_dir.append("completions.jsonl", {
-                "step": self.global_step, "prompt": prompt if isinstance(prompt, str) else prompt[-1]["content"],
-                "completion": batch.rollout.texts[i], "reward": float(batch.rewards[i]),
-            })
+            record = {"step": self.global_step, "prompt": prompt if isinstance(prompt, str) else prompt[-1]["content"],
+                      "completion": batch.rollout.texts[i], "reward": float(batch.rewards[i])}
+            if agent is not None and agent.conversations is not None:  # the whole conversation, tool messages included
+                record["messages"] = agent.conversations[i]
+                record["tool_calls"] = int(agent.calls[i])
+            self.run_dir.append("completions.jsonl", record)
 
     def _nonfinite_message(self) -> str:
         first = self.global_step - self.consecutive_skips + 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -116,6 +117,44 @@ class RunInputs:
     reward_funcs: list
     eval_reward: Callable | None
     model: str
+    tools: list | None = None
+    environment_factory: Callable | None = None
+
+
+def import_object(spec: str, where: str, *, base_dir: str | None = None) -> Any:
+    """The object a ``package.module:name`` or ``path/file.py:name`` string names (a tool, an environment class): a
+    relative file path from the current directory, else from ``base_dir`` (the YAML's directory). ValueError naming
+    ``where`` (the key) and what is wrong."""
+    import importlib
+    import importlib.util
+
+    target, sep, attr = str(spec).strip().rpartition(":")
+    if not sep or not target or not attr:
+        raise ValueError(f"{where}: {spec!r} must be 'package.module:name' or 'path/file.py:name'")
+    if target.endswith(".py"):
+        path = target
+        if not os.path.isabs(path) and not os.path.exists(path) and base_dir:
+            path = os.path.join(base_dir, path)
+        if not os.path.isfile(path):
+            raise ValueError(f"{where}: {spec!r}: no file {target!r} (from {os.getcwd()!r}"
+                             f"{f' or {base_dir!r}' if base_dir else ''})")
+        name = "gtpo_user_" + os.path.splitext(os.path.basename(path))[0]
+        module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))
+        try:
+            module.__spec__.loader.exec_module(module)
+        except Exception as err:
+            raise ValueError(f"{where}: {spec!r}: loading {path} raised {type(err).__name__}: {err}") from err
+    else:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(target)
+        except ImportError as err:
+            raise ValueError(f"{where}: {spec!r}: cannot import module {target!r}: {err}") from err
+    if not callable(getattr(module, attr, None)):
+        public = sorted(n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n)))
+        raise ValueError(f"{where}: {spec!r}: {target!r} has no callable {attr!r}; callables there: {public}")
+    return getattr(module, attr)
 
 
 def measures_accuracy(inputs: RunInputs, stage: str) -> bool:

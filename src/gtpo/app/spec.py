@@ -85,6 +85,15 @@ class RunSpec:
         None, "List of reward functions: built-in names (paper, paper_normalized, correctness, format, "
         "format_soft, reasoning_gym, last_number_correctness) or package.module:function or path/file.py:function.",
         "LIST", "a non-empty list of reward names (e.g. [correctness, format])", _is_reward_list)
+    tools: list[str] | None = _key(
+        None, "Tools the model may call (TRL's tools; multi-turn rollouts on both engines, docs/agents.md): a list of "
+        "package.module:function or path/file.py:function (a relative path: from the current directory, else from "
+        "the YAML's directory). Each function needs type hints and a docstring; prompts must be conversational.",
+        "LIST", "a non-empty list of 'module:function' / 'file.py:function' strings", _is_reward_list)
+    environment_factory: str | None = _key(
+        None, "An environment class (TRL's environment_factory), package.module:Class or path/file.py:Class: one "
+        "instance per completion, reset(**row) before each rollout, its public methods the tools (docs/agents.md).",
+        "CLASS", "a 'module:Class' or 'file.py:Class' string", _is_str)
     eval_reward: str | None = _key(
         "correctness", "Scorer of the before/after accuracy (a reward spec as above; 1.0 = correct). Default: "
         "correctness.", "NAME", "a reward name or null", _is_str)
@@ -289,8 +298,9 @@ def split_spec(spec: dict[str, Any], *, source: str,
         config = GTPOConfig.from_dict(cfg_values, source=source)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where(getattr(err, 'field', None))}: {err}") from None
-    if isinstance(run_values.get("reward_funcs"), str):  # --reward_funcs correctness,format
-        run_values["reward_funcs"] = [s.strip() for s in run_values["reward_funcs"].split(",") if s.strip()]
+    for key in ("reward_funcs", "tools"):  # --reward_funcs correctness,format
+        if isinstance(run_values.get(key), str):
+            run_values[key] = [s.strip() for s in run_values[key].split(",") if s.strip()]
     try:
         run = RunSpec(**run_values, trl=trl_options)
     except ConfigValueError as err:

@@ -137,10 +137,35 @@ def load_run_inputs(spec: dict[str, Any], *, source: str, options=frozenset()) -
     eval_ds = None if run.eval_dataset is None else load_dataset_spec(run.eval_dataset, default_split="test")
     rewards = [resolve_reward(r) for r in run.reward_funcs]
     eval_reward = resolve_reward(run.eval_reward) if run.eval_reward else None
+    tools, environment = _load_tools(run, source=source, options=options)
     model = str(run.model)
     if run.sft_warmup:
         model = sft_warmup(model, train_ds, run, config)
-    return RunInputs(run, config, train_ds, eval_ds, rewards, eval_reward, model)
+    return RunInputs(run, config, train_ds, eval_ds, rewards, eval_reward, model, tools, environment)
+
+
+def _load_tools(run: RunSpec, *, source: str, options) -> tuple[list | None, Any]:
+    """The run's ``tools`` (functions) and ``environment_factory`` (a class), imported (docs/agents.md); the
+    trainer checks them before training (type hints, docstrings, the chat template, reset)."""
+    from .common import import_object
+
+    base = os.path.dirname(os.path.abspath(source)) if source and os.path.isfile(source) else None
+
+    def where(key: str) -> str:  # "--tools" on the command line, "run.yaml: tools" in the file
+        return where_of(options, key, source) + ("" if key in options else f": {key}")
+
+    try:
+        tools = None if not run.tools else [
+            import_object(t, f"{where('tools')}[{i}]", base_dir=base) for i, t in enumerate(run.tools)]
+        env = None if not run.environment_factory else import_object(
+            run.environment_factory, where("environment_factory"), base_dir=base)
+        if tools or env is not None:  # what no chat template can show, before any model loads
+            from ..sampling.tools import check_tools
+
+            check_tools(tools, env, where=where("tools" if tools else "environment_factory"))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return tools, env
 
 
 def _check_push_to_hub(config: GTPOConfig, *, source: str, options) -> None:
@@ -208,7 +233,8 @@ def _run_gtpo_engine(inputs: RunInputs, *, argv: list[str] | None, source: str, 
         inputs.model, **policy_load_kwargs(config.model_init_kwargs, precision, state.device))
     trainer = GTPOTrainer(model, inputs.reward_funcs, inputs.train_dataset, args=config, processing_class=tokenizer,
                           peft_config=build_peft_config(run.peft), eval_dataset=eval_ds,
-                          eval_reward_func=inputs.eval_reward, probe_texts=probes, precision=precision)
+                          eval_reward_func=inputs.eval_reward, probe_texts=probes, precision=precision,
+                          tools=inputs.tools, environment_factory=inputs.environment_factory)
     if hooks.on_trainer is not None:
         hooks.on_trainer(trainer)
     before = _accuracy_on_trainer("before", trainer, inputs, tokenizer, hooks)

@@ -103,9 +103,6 @@ REFUSED: dict[str, str] = {
                              "one from output_dir/checkpoint-*, or train with engine: trl",
     "use_cpu": "gtpo's trainer uses the GPU when there is one and the CPU otherwise: to train on the CPU of a GPU "
                "machine, hide the GPUs (CUDA_VISIBLE_DEVICES= gtpo train ...)",
-    "max_tool_calling_iterations": "gtpo's trainer has no multi-turn (tool-calling) rollout yet: train tool use "
-                                   "with engine: trl, where tools / environment_factory / rollout_func train GTPO "
-                                   "over the model tokens (docs/method.md, Multi-turn completions)",
     "vllm_server_host": "gtpo's trainer runs vLLM in its own process (vllm_mode colocate); a `trl vllm-serve` "
                         "server needs engine: trl",
     "vllm_server_port": "gtpo's trainer runs vLLM in its own process (vllm_mode colocate); a `trl vllm-serve` "

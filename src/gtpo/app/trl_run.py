@@ -100,7 +100,10 @@ def _train(inputs: RunInputs, args, options: dict[str, Any], model, evaluating: 
         trainer = TRLGTPOTrainer(model=policy, reward_funcs=inputs.reward_funcs, args=args,
                                  train_dataset=train_dataset, eval_dataset=eval_dataset if evaluating else None,
                                  processing_class=tokenizer, peft_config=build_peft_config(run.peft),
-                                 callbacks=[metrics_file_callback(config.output_dir)])
+                                 callbacks=[metrics_file_callback(config.output_dir)],
+                                 **({"tools": inputs.tools} if inputs.tools else {}),
+                                 **({"environment_factory": inputs.environment_factory}
+                                    if inputs.environment_factory is not None else {}))
     # the accelerator TRL built (after the model loaded): what check_launch foresaw from the process state
     asked = requested_distributed_type()
     if asked is not None and would_run(trainer.accelerator.state, asked) != asked:

@@ -128,6 +128,14 @@ def check_values(config: Any) -> None:
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"GTPOConfig.{name} must be an integer >= 1, got {value!r}")
+    value = config.max_tool_calling_iterations
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"GTPOConfig.max_tool_calling_iterations must be an integer >= 0 or None (no limit), got "
+                         f"{value!r}")
+    value = config.tool_call_timeout
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+        raise ValueError(f"GTPOConfig.tool_call_timeout must be a number of seconds > 0 or None (no limit), got "
+                         f"{value!r}")
     if isinstance(config.ddp_timeout, bool) or not isinstance(config.ddp_timeout, int) or config.ddp_timeout < 1:
         raise ValueError(f"GTPOConfig.ddp_timeout must be an integer >= 1 (seconds), got {config.ddp_timeout!r}")
     for name in ("logging_steps", "save_steps", "eval_steps"):  # TRL's fraction of the run, or a count

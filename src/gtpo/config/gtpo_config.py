@@ -272,6 +272,23 @@ class GTPOConfig:
         False, "Exclude completions that hit max_completion_length without EOS from the loss (DAPO recommends it).",
         trl="same", verl="method",
     )
+    max_tool_calling_iterations: int | None = _f(
+        None,
+        "Maximum number of tool-calling turns per completion when training an agent (the trainer's tools / "
+        "environment_factory): after an assistant turn that calls tools, each call runs, its result is appended "
+        "as a tool message (environment tokens: part of the completion, masked out of the loss) and the model "
+        "continues, at most this many times. None: no limit; a completion ends at a turn without a tool call, or "
+        "when its tokens (model and tool ones together) reach max_completion_length. TRL's GRPOConfig field of "
+        "the same name and meaning (docs/agents.md).",
+        trl="same", verl="engine",
+    )
+    tool_call_timeout: float | None = _f(
+        60.0,
+        "Seconds one tool call may run on gtpo's engine: a call still running then is abandoned and its tool "
+        "message says it timed out (the run goes on; the call counts in tools/failure_frequency). None: no limit. "
+        "TRL's engine runs tools without a time limit (docs/agents.md).",
+        trl="gtpo_engine", verl="engine",
+    )
     generation_chunk_size: int | None = _f(
         None, "Completions generated per generate() call (a memory bound of gtpo's sampler); None generates the "
         "whole rollout batch at once. (Before 0.5 this was called generation_batch_size, which is now TRL's "

@@ -84,8 +84,10 @@ def completion_text(completion: Any) -> str:
 
     Accepts a string (standard prompts), a message dict ``{"role", "content"}``, or a list of
     messages (TRL's conversational completions, ``[{"role": "assistant", "content": text}]``);
-    the contents of all messages are concatenated. A message ``content`` given as a list of
-    parts (``[{"type": "text", "text": ...}]``) is joined too. Anything else raises ValueError.
+    the contents of its messages are concatenated, but those of tool messages (``role`` 'tool': a
+    multi-turn completion's tool results are the environment's words, not the model's, so a tool's
+    output never counts as the model's answer). A message ``content`` given as a list of parts
+    (``[{"type": "text", "text": ...}]``) is joined too. Anything else raises ValueError.
     """
     if isinstance(completion, str):
         return completion
@@ -97,7 +99,8 @@ def completion_text(completion: Any) -> str:
             )
         return "" if content is None else str(content)
     if isinstance(completion, (list, tuple)):
-        return "".join(completion_text(message) for message in completion)
+        return "".join(completion_text(message) for message in completion
+                       if not (isinstance(message, dict) and message.get("role") == "tool"))
     raise ValueError(
         "completions: expected a string or a list of chat messages per completion, "
         f"got {type(completion).__name__}"

@@ -52,7 +52,8 @@ class ScoredBatch:
         r = self.rollout
         return ScoredBatch(
             Rollout(r.prompt_ids[sl], r.prompt_mask[sl], r.completion_ids[sl], r.completion_mask[sl],
-                    r.truncated[sl], r.texts[sl], None if r.sampling_logp is None else r.sampling_logp[sl]),
+                    r.truncated[sl], r.texts[sl], None if r.sampling_logp is None else r.sampling_logp[sl],
+                    None if r.agent is None else r.agent.rows(sl)),
             [self.rows[p]], self.rewards[sl], self.per_func[sl],
         )
 
@@ -77,6 +78,7 @@ class ScoredBatch:
             [t for x in r for t in x.texts],
             None if any(x.sampling_logp is None for x in r) else
             torch.cat([pad(x.sampling_logp, (0, width_t - x.sampling_logp.shape[1]), value=0.0) for x in r]),
+            None if any(x.agent is None for x in r) else type(r[0].agent).concat([x.agent for x in r], width_t),
         )
         return ScoredBatch(rollout, [row for b in batches for row in b.rows],
                            torch.cat([b.rewards for b in batches]), torch.cat([b.per_func for b in batches]))
@@ -253,6 +255,14 @@ class RewardScorer:
         prompts = [p for p in prompts for _ in range(g)]
         conversational = not isinstance(prompts[0], str)
         completions = [[{"role": "assistant", "content": t}] for t in rollout.texts] if conversational else rollout.texts
+        agent = rollout.agent
+        if agent is not None:  # multi-turn: the whole conversation after the prompt (TRL's completions)
+            if agent.conversations is not None:
+                completions = agent.conversations
+            if agent.environments is not None:  # TRL passes each completion's environment
+                columns = {**columns, "environments": agent.environments}
+            if agent.fields:  # a rollout_func's extra keys (TRL's extra_fields)
+                columns = {**columns, **agent.fields}
         ids = [c[m.bool()].tolist() for c, m in zip(rollout.completion_ids, rollout.completion_mask)]
         n = len(prompts)
         per_func = torch.empty((n, len(self.funcs)), dtype=torch.float32)

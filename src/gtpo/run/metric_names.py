@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-__all__ = ["RENAMED", "canonical_name", "canonical_record", "legacy_name", "legacy_record"]
+__all__ = ["RENAMED", "TOOL_METRICS", "canonical_name", "canonical_record", "legacy_name", "legacy_record"]
 
 #: earlier gtpo name -> current name (TRL's, or GTPO's own under ``gtpo/``)
 RENAMED: dict[str, str] = {
@@ -38,6 +38,15 @@ RENAMED: dict[str, str] = {
     "update_time_s": "gtpo/update_time",
     "tokens_per_s": "gtpo/tokens_per_s",
     "dynamic_sampling/rounds": "gtpo/dynamic_sampling_rounds",
+}
+
+#: the metrics of multi-turn (tool-calling) rollouts, both engines (gtpo.run.step_metrics.agent_metrics; TRL's names
+#: where TRL logs them): name -> what it is (docs/metrics.md, docs/agents.md)
+TOOL_METRICS: dict[str, str] = {
+    "tools/call_frequency": "tool calls per completion (TRL's)",
+    "tools/failure_frequency": "tool calls that raised, timed out or named no tool, over all calls (TRL's)",
+    "tools/turns_mean": "model turns per completion (runs of model tokens between tool results)",
+    "tools/env_token_frac": "share of the completion tokens that are tool / environment tokens (not trained)",
 }
 
 

@@ -8,7 +8,7 @@ import torch
 from .metric_names import canonical_name
 from .update import UpdateInputs, UpdateResult
 
-__all__ = ["step_metrics"]
+__all__ = ["agent_metrics", "step_metrics"]
 
 
 def step_metrics(trainer, batch, all_rewards: torch.Tensor, inputs: UpdateInputs, result: UpdateResult,
@@ -41,6 +41,11 @@ def step_metrics(trainer, batch, all_rewards: torch.Tensor, inputs: UpdateInputs
         **{canonical_name(key): val for key, val in result.policy_change.items()},
         **{k: v for k, v in (result.sampler or {}).items() if not k.endswith(("_max", "_min"))},
     }
+    agent = rollout.agent
+    if agent is not None:  # multi-turn completions (tools, environment_factory, a rollout_func's env_mask)
+        counted = getattr(trainer, "toolbox", None) is not None  # tool calls are counted by gtpo's tool loop only
+        local.update(agent_metrics(rollout.completion_mask, agent.tool_mask, agent.calls if counted else None,
+                                   agent.failures if counted else None))
     for j, name in enumerate(trainer.scorer.names):
         col = batch.per_func[:, j]
         valid = ~torch.isnan(col)
@@ -81,3 +86,24 @@ def step_metrics(trainer, batch, all_rewards: torch.Tensor, inputs: UpdateInputs
     if trainer.initial_entropy is not None:
         metrics["gtpo/initial_entropy"] = trainer.initial_entropy
     return metrics
+
+
+def agent_metrics(completion_mask: torch.Tensor, tool_mask: torch.Tensor, calls: torch.Tensor | None = None,
+                  failures: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The ``tools/*`` metrics of a batch (docs/metrics.md; the same on both engines): ``tools/turns_mean`` (model
+    turns per completion: maximal runs of model tokens), ``tools/env_token_frac`` (tool / environment tokens over
+    all completion tokens) and, given the counts ``calls (N,)`` and ``failures (N,)``, TRL's
+    ``tools/call_frequency`` (calls per completion) and ``tools/failure_frequency`` (failed calls over calls).
+
+    ``completion_mask (N, T)`` 1 on completion tokens (tool ones included); ``tool_mask (N, T)`` 0 on tool tokens.
+    Plain sums as 0-dim float tensors; the caller averages over processes."""
+    c = completion_mask.float()
+    model = c * (tool_mask.to(c.device) != 0).float()  # (N, T)
+    starts = model[:, :1].sum() + (model[:, 1:] * (1 - model[:, :-1])).sum()  # runs of model tokens
+    out = {"tools/turns_mean": starts / max(c.shape[0], 1),
+           "tools/env_token_frac": (c - model).sum() / c.sum().clamp(min=1)}
+    if calls is not None:
+        total = calls.float().sum()
+        out["tools/call_frequency"] = total / max(calls.numel(), 1)
+        out["tools/failure_frequency"] = failures.float().sum() / total.clamp(min=1)
+    return out

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -98,6 +99,10 @@ class Rollout:
         sampling_logp: ``(N, T)`` float32 log-probs the sampler gave its sampled tokens (vLLM:
             :mod:`gtpo.sampling.vllm_engine`), 0 outside ``completion_mask``; None when the sampler gives none
             (gtpo's decoding loop and transformers ``generate``, whose log-probs are the policy's own).
+        agent: a multi-turn rollout's :class:`gtpo.sampling.tools.AgentTrace` (``tool_mask (N, T)``, the
+            conversations, the tool-call counts; :func:`gtpo.sampling.tools.tool_rollout`); None for single-turn
+            completions. With it, ``completion_mask`` covers the tool tokens too (through the completion's last token)
+            and ``tool_mask`` takes them out of the loss.
     """
 
     prompt_ids: torch.Tensor
@@ -107,6 +112,7 @@ class Rollout:
     truncated: torch.Tensor
     texts: list[str]
     sampling_logp: torch.Tensor | None = None
+    agent: Any = None  # gtpo.sampling.tools.AgentTrace (not imported: tools imports this module)
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -156,10 +162,11 @@ def encode_prompts(tokenizer, prompts: list) -> list[list[int]]:
     return ids
 
 
-def encode_dataset_prompts(dataset, tokenizer, max_prompt_length: int):
+def encode_dataset_prompts(dataset, tokenizer, max_prompt_length: int, *, render=None):
     """``(dataset, prompt_ids, dropped)``: ``dataset`` (a ``datasets.Dataset`` with a ``prompt`` column)
     without the prompts longer than ``max_prompt_length`` tokens, the token ids of its prompts
-    (:func:`encode_prompts`), and how many were dropped (with a warning). Errors name the row."""
+    (:func:`encode_prompts`, or ``render(prompt) -> ids``: with tools, the chat template showing them), and how
+    many were dropped (with a warning). Errors name the row."""
     if len(dataset) == 0:
         raise ValueError("train_dataset is empty: give at least one row with a 'prompt'")
     if "prompt" not in dataset.column_names:
@@ -168,7 +175,7 @@ def encode_dataset_prompts(dataset, tokenizer, max_prompt_length: int):
     ids = []
     for i, prompt in enumerate(dataset["prompt"]):  # one by one, so that an error names its row
         try:
-            ids.extend(encode_prompts(tokenizer, [prompt]))
+            ids.extend(encode_prompts(tokenizer, [prompt]) if render is None else [render(prompt)])
         except ValueError as err:
             raise ValueError(f"train_dataset row {i}: {err}") from err
         except Exception as err:  # e.g. a chat template that fails on malformed messages

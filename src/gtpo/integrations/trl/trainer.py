@@ -160,7 +160,7 @@ class TRLGTPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         if self.gtpo_config is None:
-            return super()._generate_and_score_completions(inputs)
+            return self._log_turns(super()._generate_and_score_completions(inputs))
         self._gtpo_capture, self._gtpo_captured = self.gtpo_config.entropy_control, None
         try:
             output = super()._generate_and_score_completions(inputs)
@@ -168,6 +168,21 @@ class TRLGTPOTrainer(GRPOTrainer):
             self._gtpo_capture = False
         output.update(self._gtpo_inputs(output))
         self._gtpo_captured = None
+        return self._log_turns(output)
+
+    def _log_turns(self, output: dict) -> dict:
+        """Multi-turn batches (``tool_mask``: tools, environment_factory, a rollout_func's env_mask): the
+        ``tools/turns_mean`` and ``tools/env_token_frac`` that gtpo's trainer logs too
+        (:func:`gtpo.run.step_metrics.agent_metrics`), over all processes; TRL logs ``tools/call_frequency`` and
+        ``tools/failure_frequency`` itself."""
+        if output.get("tool_mask") is None:
+            return output
+        from ...run.step_metrics import agent_metrics
+
+        mode = "train" if self.model.training else "eval"
+        stats = agent_metrics(output["completion_mask"], output["tool_mask"])
+        for key, value in stats.items():
+            self._metrics[mode][key].append(float(self.accelerator.reduce(value.reshape(1), reduction="mean")))
         return output
 
     def _gtpo_inputs(self, batch: dict) -> dict[str, torch.Tensor]:
