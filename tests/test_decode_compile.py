@@ -1,0 +1,123 @@
+"""The static / compiled decode step (issue 46): ``decode(..., static=True)`` and ``decode(..., compile_options=...)``
+sample exactly the eager loop's tokens (float32, greedy and seeded sampling, rows ending at different steps, padded
+prompts, shared and plain prefills), and ``GTPOConfig.decode_compile`` resolves as documented.
+
+The static step without compilation checks the static cache, the masks, the positions and the sampling of the
+rows still decoding; one test compiles it (inductor, the tiny model: seconds) and is marked slow."""
+
+import logging
+
+import pytest
+import torch
+
+from helpers import PROMPTS
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(tiny_model_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+def _inputs(tokenizer):
+    from gtpo.sampling.padding import left_pad
+    from gtpo.sampling.rollout import encode_prompts
+
+    rows = [p for p in encode_prompts(tokenizer, PROMPTS[:3] + ["a b c", "12 + 30 = "]) for _ in range(3)]
+    return left_pad(rows, tokenizer.pad_token_id)  # (15, S), padded rows
+
+
+def _decode(model, ids, mask, config, eos_ids, pad, *, seed=0, share=False, **kw):
+    from gtpo.sampling.decode import decode, prefill, prefill_shared
+
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        cache = prefill_shared(model, ids, mask) if share else prefill(model, ids, mask)
+        return decode(model, ids, mask, cache, config, eos_ids=eos_ids, pad_id=pad, **kw)
+
+
+def _config(**kw):
+    from transformers import GenerationConfig
+
+    return GenerationConfig(**kw)
+
+
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_static_step_samples_the_eager_tokens(model_and_tokenizer, do_sample, share):
+    model, tokenizer = model_and_tokenizer
+    ids, mask = _inputs(tokenizer)
+    assert not bool(mask.all())
+    pad = tokenizer.pad_token_id
+    # greedy: EOS from the eager greedy tokens, so rows end at different steps; sampling: 1 in 16 tokens is EOS
+    eager_greedy = _decode(model, ids, mask, _config(do_sample=False, max_new_tokens=20, min_new_tokens=20,
+                                                     eos_token_id=[0], pad_token_id=pad), [0], pad)
+    eos_ids = ([int(eager_greedy[0, 1])] if not do_sample
+               else list(range(3, 515, 16)))
+    config = _config(do_sample=do_sample, temperature=0.8 if do_sample else None, top_k=0 if do_sample else None,
+                     top_p=0.9 if do_sample else None, max_new_tokens=20, eos_token_id=eos_ids, pad_token_id=pad)
+    ref = _decode(model, ids, mask, config, eos_ids, pad, share=share)
+    got = _decode(model, ids, mask, config, eos_ids, pad, share=share, static=True)
+    is_eos = torch.isin(ref, torch.tensor(eos_ids))
+    ends = [int(row.nonzero()[0]) for row in is_eos if row.any()]
+    assert ends and min(ends) < ref.shape[1] - 1  # rows ended before others: the static step masked them
+    assert torch.equal(got, ref)
+
+
+def test_static_step_reading_every_few_tokens_samples_the_eager_tokens(model_and_tokenizer):
+    # sync_every > 1 (the accelerator default): the same rows in the batch between reads on both sides
+    model, tokenizer = model_and_tokenizer
+    ids, mask = _inputs(tokenizer)
+    pad = tokenizer.pad_token_id
+    eos_ids = list(range(3, 515, 16))
+    config = _config(do_sample=True, temperature=1.0, top_k=0, max_new_tokens=24, eos_token_id=eos_ids,
+                     pad_token_id=pad)
+    ref = _decode(model, ids, mask, config, eos_ids, pad, seed=3, sync_every=4)
+    got = _decode(model, ids, mask, config, eos_ids, pad, seed=3, sync_every=4, static=True)
+    assert torch.equal(got, ref)
+
+
+def test_static_step_falls_back_to_eager_on_one_token_prompts(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    pad = tokenizer.pad_token_id
+    ids, mask = torch.tensor([[5], [7]]), torch.ones(2, 1, dtype=torch.long)
+    config = _config(do_sample=False, max_new_tokens=6, eos_token_id=[0], pad_token_id=pad)
+    assert torch.equal(_decode(model, ids, mask, config, [0], pad, static=True), _decode(model, ids, mask, config, [0], pad))
+
+
+@pytest.mark.slow
+def test_compiled_step_samples_the_eager_tokens(model_and_tokenizer, caplog):
+    # inductor on the tiny model: compiled once for the bucket, reused by the second rollout (no second log line)
+    from gtpo.sampling.decode import _COMPILED_SHAPES
+
+    model, tokenizer = model_and_tokenizer
+    ids, mask = _inputs(tokenizer)
+    pad = tokenizer.pad_token_id
+    eos_ids = list(range(3, 515, 16))
+    config = _config(do_sample=True, temperature=1.0, top_k=0, max_new_tokens=16, eos_token_id=eos_ids,
+                     pad_token_id=pad)
+    _COMPILED_SHAPES.clear()
+    with caplog.at_level(logging.INFO, logger="gtpo"):
+        for seed in (0, 1):
+            ref = _decode(model, ids, mask, config, eos_ids, pad, seed=seed)
+            got = _decode(model, ids, mask, config, eos_ids, pad, seed=seed, compile_options={})
+            assert torch.equal(got, ref), seed
+    assert len(_COMPILED_SHAPES) == 1
+    assert sum("decode step compiled" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_decode_compile_options_resolve_as_documented(caplog):
+    from gtpo.sampling.decode import decode_compile_options
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert decode_compile_options(False, cuda) is None
+    assert decode_compile_options(True, cpu) == {}
+    assert decode_compile_options(True, cuda) == {"mode": "reduce-overhead"}
+    with caplog.at_level(logging.INFO, logger="gtpo"):
+        assert decode_compile_options("auto", cpu) is None
+        assert decode_compile_options("auto", cpu) is None
+    assert sum("decode_compile auto" in r.getMessage() for r in caplog.records) <= 1  # said once per process
+    with pytest.raises(ValueError, match="GTPOConfig.decode_compile"):
+        decode_compile_options("sometimes", cpu)
