@@ -322,7 +322,7 @@ class GTPOTrainer:
                 return generate(
                     self.unwrapped_model, self.tokenizer, [None] * len(rows), sampling=self.sampling,
                     prompt_ids=prompt_ids, num_samples=a.group_size, batch_size=a.generation_chunk_size,
-                    decode_loop=a.decode_loop, merge_lora=a.merge_lora_for_sampling,
+                    decode_loop=a.decode_loop, merge_lora=a.merge_lora_for_sampling, decode_compile=a.decode_compile,
                 )
         except RuntimeError as err:
             text = str(err).lower()
