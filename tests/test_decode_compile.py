@@ -98,13 +98,17 @@ def test_compiled_step_samples_the_eager_tokens(model_and_tokenizer, caplog):
     eos_ids = list(range(3, 515, 16))
     config = _config(do_sample=True, temperature=1.0, top_k=0, max_new_tokens=16, eos_token_id=eos_ids,
                      pad_token_id=pad)
+    from torch._dynamo.utils import counters
+
     _COMPILED_SHAPES.clear()
+    graphs = []
     with caplog.at_level(logging.INFO, logger="gtpo"):
         for seed in (0, 1):
             ref = _decode(model, ids, mask, config, eos_ids, pad, seed=seed)
             got = _decode(model, ids, mask, config, eos_ids, pad, seed=seed, compile_options={})
             assert torch.equal(got, ref), seed
-    assert len(_COMPILED_SHAPES) == 1
+            graphs.append(counters["stats"]["unique_graphs"])
+    assert len(_COMPILED_SHAPES) == 1 and graphs[1] == graphs[0]  # the second rollout compiled nothing
     assert sum("decode step compiled" in r.getMessage() for r in caplog.records) == 1
 
 

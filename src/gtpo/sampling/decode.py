@@ -391,7 +391,9 @@ class StaticStep:
 
     The cache (transformers' ``StaticCache``) holds every row for ``S - 1 + max_new`` positions
     rounded up to :data:`STATIC_BUCKET`, filled from the prompt cache :func:`prefill` /
-    :func:`prefill_shared` computed (the same prompt keys and values as the eager loop). Every
+    :func:`prefill_shared` computed (the same prompt keys and values as the eager loop); one cache
+    per (rows, bucket, dtype, device) is kept on the model and refilled by later rollouts (the
+    compiled graph is tied to its tensors). Every
     step runs the forward on all ``N`` rows with fixed shapes (tokens ``(N, 1)``, a ``(N, 1, 1,
     L_max)`` boolean mask of the filled positions, positions ``(N, 1)``), so one compiled graph
     serves the whole rollout and every later rollout of the same bucket: rows that finished are
@@ -429,12 +431,26 @@ class StaticStep:
             return None
         width = attention_mask.shape[1]
         capacity = -(-(width - 1 + max_new) // STATIC_BUCKET) * STATIC_BUCKET
-        static = StaticCache(config=unwrap_peft(model).config, max_cache_len=capacity)
-        if len(static.layers) != len(layers) or any(type(s) is not StaticLayer for s in static.layers):
+        base = unwrap_peft(model)
+        # one static cache per shape, kept on the model and refilled by later rollouts: a compiled step guards on
+        # the cache's tensors (static addresses, CUDA graphs), so a new cache per rollout would compile again
+        keys = layers[0].keys
+        store = base.__dict__.setdefault("_gtpo_static_caches", {})
+        key = (attention_mask.shape[0], capacity, keys.dtype, keys.device)
+        static = store.get(key)
+        if static is None:
+            static = StaticCache(config=base.config, max_cache_len=capacity)
+            if len(static.layers) != len(layers) or any(type(s) is not StaticLayer for s in static.layers):
+                return None
+            for target, source in zip(static.layers, layers):
+                target.lazy_initialization(source.keys, source.values)
+        if (len(static.layers) != len(layers)
+                or any(t.keys.shape[1:2] + t.keys.shape[3:] != s.keys.shape[1:2] + s.keys.shape[3:]
+                       for t, s in zip(static.layers, layers))):
             return None
-        for target, source in zip(static.layers, layers):
+        store[key] = static
+        for target, source in zip(static.layers, layers):  # positions past the prompt: masked until written
             length = source.keys.shape[2]
-            target.lazy_initialization(source.keys, source.values)
             target.keys[:, :, :length] = source.keys
             target.values[:, :, :length] = source.values
             target.cumulative_length.fill_(length)
