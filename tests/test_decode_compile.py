@@ -125,3 +125,33 @@ def test_decode_compile_options_resolve_as_documented(caplog):
     assert sum("decode_compile auto" in r.getMessage() for r in caplog.records) <= 1  # said once per process
     with pytest.raises(ValueError, match="GTPOConfig.decode_compile"):
         decode_compile_options("sometimes", cpu)
+
+
+@pytest.mark.slow
+def test_compiled_step_follows_the_policy_with_lora_merged_per_rollout(tiny_model_path):
+    # the trainer's case: LoRA layers merged into new plain layers for each rollout, the adapter changed by training
+    # between rollouts; the compiled step must sample with the current weights (the eager loop's tokens) and the
+    # swapped layers must not recompile it
+    from peft import LoraConfig, get_peft_model
+    from torch._dynamo.utils import counters
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gtpo.sampling.rollout import generate
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear"))
+    graphs = []
+    for seed in range(3):
+        with torch.no_grad():  # "training": a new adapter
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(seed))
+        out = {}
+        for compiled in (True, False):
+            torch.manual_seed(seed)
+            out[compiled] = generate(model, tokenizer, PROMPTS[:2], num_samples=4, max_new_tokens=8, temperature=1.0,
+                                     top_k=0, decode_compile=compiled).completion_ids
+        assert torch.equal(out[True], out[False]), seed
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[2] == graphs[1] == graphs[0]
