@@ -17,6 +17,11 @@ CPU in bfloat16/float16, the attention of the one new token runs as two batched 
 grouped query heads (:func:`decode_attention`; PyTorch's CPU SDPA kernel is 4-10x slower there for
 a single query); and on an accelerator the host reads (did a row end? is a distribution broken?)
 happen every ``sync_every`` tokens, not every token.
+
+``decode(..., compile_options=...)`` (``GTPOConfig.decode_compile``) runs each step over a static, preallocated
+key/value cache with fixed shapes, compiled once per shape bucket (:class:`StaticStep`): the same tokens as the
+eager step (:class:`EagerStep`); on by default on CUDA only (:func:`decode_compile_options`; docs/performance.md,
+"The compiled decode step").
 """
 
 from __future__ import annotations
@@ -575,6 +580,12 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, 
         config: a completed ``GenerationConfig`` from :func:`decode_loop_config`.
         eos_ids: token ids that end a completion; ``pad_id`` fills positions after the end.
         sync_every: tokens between host reads (None: 1 on a CPU, 8 elsewhere).
+        static: run the steps over a static key/value cache (:class:`StaticStep`: fixed shapes,
+            finished rows masked out of the sampling instead of leaving the batch); the same tokens.
+        compile_options: ``torch.compile`` keywords (``{}``: inductor's defaults; from
+            :func:`decode_compile_options`): the static step, compiled once per shape bucket.
+            Either falls back to the eager step where the model's static cache is not made of
+            plain full-attention layers or the prompt cache is empty.
 
     Returns:
         ``(N, T')`` sampled ids, ``T' <= max_new_tokens`` the longest completion (EOS included);
