@@ -155,3 +155,24 @@ def test_compiled_step_follows_the_policy_with_lora_merged_per_rollout(tiny_mode
         assert torch.equal(out[True], out[False]), seed
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[2] == graphs[1] == graphs[0]
+
+
+@pytest.mark.parametrize("setting", ["auto", True, False])
+def test_the_trainer_passes_decode_compile_to_the_loop(tiny_model_path, tmp_path, monkeypatch, setting):
+    # GTPOConfig.decode_compile reaches the decoding loop resolved for the device (CPU: auto = eager)
+    import gtpo.sampling.rollout
+    from helpers import digit_reward, rows, tiny_config
+
+    from gtpo import GTPOTrainer
+
+    seen = []
+    decode = gtpo.sampling.rollout.decode
+
+    def recording_decode(*args, compile_options=None, **kwargs):
+        seen.append(compile_options)
+        return decode(*args, **kwargs)  # eager: the step's compilation is tested above
+
+    monkeypatch.setattr(gtpo.sampling.rollout, "decode", recording_decode)
+    cfg = tiny_config(tmp_path, max_steps=1, decode_compile=setting, entropy_filter=False)
+    GTPOTrainer(tiny_model_path, [digit_reward], rows(), args=cfg).train()
+    assert seen == [{} if setting is True else None]
