@@ -210,3 +210,21 @@ def test_static_step_samples_the_eager_tokens_on_smollm2(smollm2, do_sample):
     ref = _decode(model, ids, mask, config, eos_ids, pad, share=True)
     got = _decode(model, ids, mask, config, eos_ids, pad, share=True, static=True)
     assert torch.equal(got, ref)
+
+
+def test_a_compiler_failure_decodes_uncompiled_with_a_warning(model_and_tokenizer, monkeypatch, caplog):
+    # no working compiler (e.g. inductor without a C++ compiler): the rollout still samples, the eager tokens
+    import gtpo.sampling.decode as decode_module
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(decode_module, "_compiled_forward", lambda model, options: broken)
+    model, tokenizer = model_and_tokenizer
+    ids, mask = _inputs(tokenizer)
+    pad = tokenizer.pad_token_id
+    config = _config(do_sample=False, max_new_tokens=6, eos_token_id=[0], pad_token_id=pad)
+    with caplog.at_level(logging.WARNING, logger="gtpo"):
+        got = _decode(model, ids, mask, config, [0], pad, compile_options={"backend": "broken"})
+    assert torch.equal(got, _decode(model, ids, mask, config, [0], pad))
+    assert any("compiling the decode step failed" in r.getMessage() for r in caplog.records)

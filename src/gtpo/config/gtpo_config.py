@@ -308,7 +308,7 @@ class GTPOConfig:
         "'reduce-overhead', where Triton is installed; not yet measured on a GPU), eager on CPU (measured no faster "
         "on SmolLM2-135M and tens of seconds of compilation per shape, docs/performance.md), said once in the log. "
         "true: compiled on any device (inductor needs a C++ compiler on CPU); false: eager. The compilation time "
-        "is logged at its first step. [D]",
+        "is logged at its first step; a compiler that fails there is logged and the rollout decodes uncompiled. [D]",
         trl="gtpo_engine", verl="engine", resumable=True,
     )
     merge_lora_for_sampling: bool = _f(

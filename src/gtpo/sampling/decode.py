@@ -419,7 +419,8 @@ class StaticStep:
         self.token = torch.zeros(n, 1, dtype=torch.long, device=attention_mask.device)  # (N, 1)
         self.step_mask = _step_mask_builder(model)
         self.forward = _static_forward if compile_options is None else _compiled_forward(model, compile_options)
-        self.key = (n, capacity, str(next(unwrap_peft(model).parameters()).dtype), attention_mask.device.type)
+        self.key = (n, capacity, str(next(unwrap_peft(model).parameters()).dtype), attention_mask.device.type,
+                    id(self.forward))
 
     @classmethod
     def build(cls, model, cache, attention_mask: torch.Tensor, max_new: int, compile_options: dict | None):
@@ -468,12 +469,22 @@ class StaticStep:
         self.full[:, self.index] = True
         first = self.key not in _COMPILED_SHAPES and self.forward is not _static_forward
         start = time.perf_counter()
-        logits = self.forward(self.model, self.token, self.step_mask(self.full), self.position, self.cache,
-                              self.kwarg)  # (N, V)
+        args = (self.model, self.token, self.step_mask(self.full), self.position, self.cache, self.kwarg)
+        try:
+            logits = self.forward(*args)  # (N, V)
+        except Exception as err:  # noqa: BLE001 -- the compiler failed before the step ran: the same step eagerly
+            if not first:
+                raise
+            logger.warning("decode_compile: compiling the decode step failed (%s: %s); this rollout decodes "
+                           "uncompiled (set decode_compile: false to skip the attempt)", type(err).__name__,
+                           str(err).splitlines()[0] if str(err) else "")
+            self.forward = _static_forward
+            first = False
+            logits = self.forward(*args)
         if first:
             _COMPILED_SHAPES[self.key] = time.perf_counter() - start
             logger.info("decode_compile: the decode step compiled for %d rows x %d cached positions (%s, %s) in "
-                        "%.1f s (once per shape bucket)", *self.key, _COMPILED_SHAPES[self.key])
+                        "%.1f s (once per shape bucket)", *self.key[:4], _COMPILED_SHAPES[self.key])
         self.index += 1
         self.position += 1
         return logits[rows]
@@ -482,7 +493,8 @@ class StaticStep:
         """Rows that finished stay in the static batch (masked out of the sampling by the caller's ``rows``)."""
 
 
-#: (rows, cache length, dtype, device type) -> seconds of the compiled step's first call (compilation included)
+#: (rows, cache length, dtype, device type, id of the compiled step) -> seconds of the compiled step's first call
+#: (compilation included)
 _COMPILED_SHAPES: dict = {}
 
 
