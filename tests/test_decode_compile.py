@@ -159,7 +159,8 @@ def test_compiled_step_follows_the_policy_with_lora_merged_per_rollout(tiny_mode
 
 @pytest.mark.parametrize("setting", ["auto", True, False])
 def test_the_trainer_passes_decode_compile_to_the_loop(tiny_model_path, tmp_path, monkeypatch, setting):
-    # GTPOConfig.decode_compile reaches the decoding loop resolved for the device (CPU: auto = eager)
+    # GTPOConfig.decode_compile reaches the decoding loop of the rollouts and of the in-training evaluation, resolved
+    # for the device (CPU: auto = eager)
     import gtpo.sampling.rollout
     from helpers import digit_reward, rows, tiny_config
 
@@ -173,9 +174,11 @@ def test_the_trainer_passes_decode_compile_to_the_loop(tiny_model_path, tmp_path
         return decode(*args, **kwargs)  # eager: the step's compilation is tested above
 
     monkeypatch.setattr(gtpo.sampling.rollout, "decode", recording_decode)
-    cfg = tiny_config(tmp_path, max_steps=1, decode_compile=setting, entropy_filter=False)
-    GTPOTrainer(tiny_model_path, [digit_reward], rows(), args=cfg).train()
-    assert seen == [{} if setting is True else None]
+    cfg = tiny_config(tmp_path, max_steps=1, decode_compile=setting, entropy_filter=False, eval_max_new_tokens=4)
+    trainer = GTPOTrainer(tiny_model_path, [digit_reward], rows(), args=cfg, eval_dataset=rows(2))
+    trainer.train()
+    trainer.evaluate()  # the in-training evaluation samples as the rollouts do
+    assert seen == [{} if setting is True else None] * 2
 
 
 @pytest.fixture(scope="module")

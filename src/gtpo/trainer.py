@@ -707,7 +707,7 @@ class GTPOTrainer:
                 self.unwrapped_model, self.tokenizer, self.eval_dataset, sampling=SamplingParams.for_evaluation(a),
                 n=a.eval_num_samples, k_list=a.eval_k, batch_size=resolved(a, "per_device_eval_batch_size"),
                 scoring=ScoringOptions(reward_fn=self.eval_reward_func), engine=self.vllm_engine, merge_lora=a.merge_lora_for_sampling,
-                processes=self.accelerator,
+                decode_compile=a.decode_compile, processes=self.accelerator,
             )
 
     def _probe(self) -> dict[str, float]:
