@@ -231,3 +231,22 @@ def test_a_compiler_failure_decodes_uncompiled_with_a_warning(model_and_tokenize
         got = _decode(model, ids, mask, config, [0], pad, compile_options={"backend": "broken"})
     assert torch.equal(got, _decode(model, ids, mask, config, [0], pad))
     assert any("compiling the decode step failed" in r.getMessage() for r in caplog.records)
+
+
+def test_static_cache_is_kept_per_rows_and_grows_to_the_longest_rollout(model_and_tokenizer):
+    from gtpo.sampling.decode import STATIC_BUCKET
+
+    model, tokenizer = model_and_tokenizer
+    ids, mask = _inputs(tokenizer)
+    pad = tokenizer.pad_token_id
+    store = model.__dict__.setdefault("_gtpo_static_caches", {})
+    store.clear()
+    lengths = []
+    for new in (STATIC_BUCKET + 8, 4, 2 * STATIC_BUCKET):  # long, short (the long cache, masked), longer (replaced)
+        config = _config(do_sample=True, temperature=1.0, top_k=0, max_new_tokens=new, min_new_tokens=new,
+                         eos_token_id=[0], pad_token_id=pad)
+        got = _decode(model, ids, mask, config, [0], pad, seed=new, static=True)
+        assert torch.equal(got, _decode(model, ids, mask, config, [0], pad, seed=new)), new
+        assert len(store) == 1
+        lengths.append(next(iter(store.values())).layers[0].max_cache_len)
+    assert lengths[1] == lengths[0] < lengths[2]

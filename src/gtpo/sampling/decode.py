@@ -397,8 +397,8 @@ class StaticStep:
     The cache (transformers' ``StaticCache``) holds every row for ``S - 1 + max_new`` positions
     rounded up to :data:`STATIC_BUCKET`, filled from the prompt cache :func:`prefill` /
     :func:`prefill_shared` computed (the same prompt keys and values as the eager loop); one cache
-    per (rows, bucket, dtype, device) is kept on the model and refilled by later rollouts (the
-    compiled graph is tied to its tensors). Every
+    per (rows, dtype, device) is kept on the model and refilled by later rollouts (the compiled
+    graph is tied to its tensors), the longest needed so far. Every
     step runs the forward on all ``N`` rows with fixed shapes (tokens ``(N, 1)``, a ``(N, 1, 1,
     L_max)`` boolean mask of the filled positions, positions ``(N, 1)``), so one compiled graph
     serves the whole rollout and every later rollout of the same bucket: rows that finished are
@@ -438,13 +438,18 @@ class StaticStep:
         width = attention_mask.shape[1]
         capacity = -(-(width - 1 + max_new) // STATIC_BUCKET) * STATIC_BUCKET
         base = unwrap_peft(model)
-        # one static cache per shape, kept on the model and refilled by later rollouts: a compiled step guards on
-        # the cache's tensors (static addresses, CUDA graphs), so a new cache per rollout would compile again
+        # one static cache per (rows, dtype, device), kept on the model and refilled by later rollouts: a compiled
+        # step guards on the cache's tensors (static addresses, CUDA graphs), so a new cache per rollout would
+        # compile again. A rollout that needs fewer positions uses it as it is (the rest masked); one that needs
+        # more replaces it (memory: one cache, the longest so far)
         keys = layers[0].keys
         store = base.__dict__.setdefault("_gtpo_static_caches", {})
-        key = (attention_mask.shape[0], capacity, keys.dtype, keys.device)
+        key = (attention_mask.shape[0], keys.dtype, keys.device)
         static = store.get(key)
-        if static is None:
+        if static is not None and static.layers[0].max_cache_len >= capacity:
+            capacity = static.layers[0].max_cache_len
+        else:
+            store.pop(key, None)
             static = StaticCache(config=base.config, max_cache_len=capacity)
             if len(static.layers) != len(layers) or any(type(s) is not StaticLayer for s in static.layers):
                 return None
