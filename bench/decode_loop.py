@@ -99,7 +99,11 @@ def decode_at(ref: str):
     module = types.ModuleType(f"gtpo_decode_at_{ref}")
     module.__package__ = package  # an old commit's ``from .models import`` reaches gtpo.run.models (an alias)
     exec(compile(source, f"{ref}:{path}", "exec"), module.__dict__)
-    return module.decode
+
+    def decode(*args, compile_options=None, **kwargs):  # the loop before the compiled step took no compile_options
+        return module.decode(*args, **kwargs)
+
+    return decode
 
 
 def worker(spec: dict) -> dict:
@@ -116,13 +120,15 @@ def worker(spec: dict) -> dict:
     config = unwrap_peft(model).config
     current = gtpo.sampling.rollout.decode
     decoders = {"loop": current, "generate": None}
+    if spec.get("compiled"):
+        decoders["loop-compiled"] = current
     if lora_rank:
         decoders["loop-unmerged"] = current
     if spec.get("ref"):
         decoders[f"loop@{spec['ref']}"] = decode_at(spec["ref"])
     sides = list(decoders)
     out = {k: {s: [] for s in sides} for k in ("times", "cpu", "tokens", "lengths", "steps", "flops")}
-    out["peaks"] = []
+    out["peaks"], first, ids = [], {}, {}
     dtype = spec.get("dtype", "float32")
     for r in range(spec["rounds"] + 1):
         peak = common.matmul_peak(dtype)
@@ -133,16 +139,25 @@ def worker(spec: dict) -> dict:
                 with common.Timer(out["times"][side], out["cpu"][side]):
                     rollout = generate(model, tokenizer, prompts, num_samples=spec["G"], max_new_tokens=spec["T"],
                                        temperature=spec["temperature"], top_k=0, decode_loop=decoders[side] is not None,
-                                       merge_lora=side != "loop-unmerged")
+                                       merge_lora=side != "loop-unmerged", decode_compile=side == "loop-compiled")
             finally:
                 gtpo.sampling.rollout.decode = current
+            if r == 0:
+                first[side] = out["times"][side][-1]
+            ids.setdefault(r, {})[side] = rollout.completion_ids
             out["tokens"][side].append(int(rollout.lengths.sum()))
             out["lengths"][side].append(float(rollout.lengths.float().mean()))
             out["steps"][side].append(int(rollout.completion_ids.shape[1]))
             out["flops"][side].append(common.rollout_flops(config, rollout, spec["G"], lora_rank=lora_rank)["rollout"])
             common.progress(f"{spec['setting']} round {r} {side}: {out['times'][side][-1]:.1f} s")
         out["peaks"].append(peak)
-    return {k: ({s: v[1:] for s, v in d.items()} if isinstance(d, dict) else d[1:]) for k, d in out.items()}
+    res = {k: ({s: v[1:] for s, v in d.items()} if isinstance(d, dict) else d[1:]) for k, d in out.items()}
+    res["first"] = first
+    # the same seed per round: the loop's sides draw the same tokens (the compiled step's promise); generate draws
+    # with torch.multinomial, another random stream
+    res["same_tokens"] = {side: all(torch.equal(ids[r][side], ids[r]["loop"]) for r in ids)
+                          for side in sides if side.startswith("loop")}
+    return res
 
 
 def main(argv=None) -> int:
@@ -157,6 +172,10 @@ def main(argv=None) -> int:
     parser.add_argument("--lora-rank", type=int, default=0,
                         help="smollm2: add a random LoRA adapter of this rank (and the loop-unmerged side)")
     parser.add_argument("--ref", help="a git commit: also time the decoding loop of src/gtpo/sampling/decode.py at it")
+    parser.add_argument("--compiled", action="store_true",
+                        help="add the side loop-compiled: the loop's steps over a static cache, torch.compile'd "
+                             "(GTPOConfig.decode_compile: true); its first (compiling) rollout is reported apart")
+    parser.add_argument("--group", type=int, default=8, help="G of the smollm2 setting (rows = 4 x G)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -171,13 +190,14 @@ def main(argv=None) -> int:
             common.bench_model(spec)
             label = "tiny Llama 2.5 M, float32, P=2 x G=8, T=64 forced"
         else:
-            spec = dict(setting="smollm2", P=4, G=8, T=args.max_new_tokens, temperature=0.7, adapter=args.adapter,
+            spec = dict(setting="smollm2", P=4, G=args.group, T=args.max_new_tokens, temperature=0.7, adapter=args.adapter,
                         dtype=args.dtype, forced=args.forced, lora_rank=args.lora_rank)
             common.smollm2_model(args.max_new_tokens if args.forced else None)
             adapter = " + adapter" if args.adapter else f" + random LoRA r={args.lora_rank}" if args.lora_rank else ""
-            label = (f"SmolLM2-135M{adapter}, {args.dtype}, P=4 x G=8, "
+            label = (f"SmolLM2-135M{adapter}, {args.dtype}, P=4 x G={args.group}, "
                      f"T{'=' if args.forced else '<='}{args.max_new_tokens}, temp 0.7")
-        res = common.run_worker(__file__, {**spec, "rounds": args.rounds, "threads": args.threads, "ref": args.ref},
+        res = common.run_worker(__file__, {**spec, "rounds": args.rounds, "threads": args.threads, "ref": args.ref,
+                                           "compiled": args.compiled},
                                 timeout=8 * 3600, progress=setting == "smollm2")
         print(f"{setting}: {label}, {args.threads} threads, {args.rounds} rounds")
         sides = list(res["times"])
@@ -196,6 +216,15 @@ def main(argv=None) -> int:
                          f"{common.median(res['flops'][side]) / common.median(t) / 1e9:.1f}", f"{frac:.3f}"])
         print(common.table(["side", "median s", "median CPU s", "tokens/s", "tokens per CPU s", "paired /generate",
                             "mean length", "decoding steps", "GFLOP/s", "fraction of peak"], rows))
+        print("  first (warm-up) rollout s, compilation included: " +
+              ", ".join(f"{k} {v:.2f}" for k, v in res["first"].items()))
+        print("  the same tokens as loop (same seed per round): " +
+              ", ".join(f"{k} {v}" for k, v in res["same_tokens"].items()))
+        if "loop-compiled" in res["times"]:
+            paired = common.median(a / b for a, b in zip(res["times"]["loop-compiled"], res["times"]["loop"]))
+            compiling = res["first"]["loop-compiled"] - common.median(res["times"]["loop-compiled"])
+            print(f"  loop-compiled / loop: {paired:.3f} (median of paired wall ratios); compilation "
+                  f"~{compiling:.1f} s (its first rollout minus its median)")
         if "loop-unmerged" in res["times"]:
             paired = common.median(a / b for a, b in zip(res["times"]["loop"], res["times"]["loop-unmerged"]))
             print(f"  loop (LoRA merged) / loop-unmerged: {paired:.3f} (median of paired wall ratios)")

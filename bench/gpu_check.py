@@ -39,6 +39,9 @@ the largest gradient difference (skipped where trl or datasets cannot be importe
   weight: bitwise on a CPU; on CUDA within the differences its atomics allow);
 * ``sampling_sync``: the decoding loop with EOS on, host reads every token against every 8: identical greedy
   tokens, both speeds;
+* ``decode_compile`` (issue 46): the decoding loop with its steps compiled (``GTPOConfig.decode_compile``: static
+  cache, CUDA graphs) against the eager loop on a Qwen2.5-0.5B shape, 32 rows x 128 tokens, float32 greedy: identical
+  tokens, tokens/s of each, the compilation time;
 * ``reward_model``: a sequence-classification reward model given by path scores on the run's device;
 * ``bf16_learning``: at lr 1e-6 the share of weights that move in a bf16 run (float32 master weights) and of
   their bf16 values; ten updates on one fixed batch in bf16 and float32 (the log-prob margin of the positively
@@ -612,6 +615,55 @@ def check_sampling_sync(ctx: Ctx) -> dict:
     return out
 
 
+def check_decode_compile(ctx: Ctx) -> dict:
+    """Issue 46: gtpo's decoding loop with its steps compiled (``GTPOConfig.decode_compile``: a static key/value
+    cache, ``torch.compile`` with CUDA graphs, ``mode="reduce-overhead"``) against the eager loop, on a
+    random-weight Qwen2.5-0.5B shape (all its layers), float32 (TF32 off), greedy, rows ending at different steps:
+    the share of rows with identical tokens, tokens/s of each (after one warm-up call; the compiled side's first
+    call, compilation included, reported apart) and compiled / eager speed. ``decode_compile: auto`` is on for CUDA
+    until this part says otherwise. On ``--cpu --quick`` the step goes through dynamo's ``eager`` backend (the
+    code path, not inductor's compile time)."""
+    from transformers import GenerationConfig
+
+    from gtpo.sampling.decode import decode, decode_compile_options, decode_loop_config, prefill
+    from gtpo.sampling.padding import left_pad
+
+    if ctx.cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    model = build_model(ctx, ctx.arch("qwen2.5-0.5b"), dtype=torch.float32).eval()
+    new = 12 if ctx.quick else 128
+    rows = [ctx.tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS] * (2 if ctx.quick else 16)
+    pad = ctx.tokenizer.pad_token_id
+    ids, mask = left_pad(rows, pad)
+    ids, mask = ids.to(ctx.device), mask.to(ctx.device)
+    options = decode_compile_options(True, ctx.device) if ctx.cuda else {"backend": "eager"}
+
+    def run(eos: int, compiled: bool):
+        config = decode_loop_config(model, GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=eos,
+                                                            pad_token_id=pad))
+        with torch.inference_mode():
+            cache = prefill(model, ids, mask)
+            return timed(ctx, lambda: decode(model, ids, mask, cache, config, eos_ids=[eos], pad_id=pad,
+                                             compile_options=options if compiled else None))
+
+    free_run, _, _ = run(-1 % 2**31, False)  # an id the model never samples: no row ends
+    eos = int(free_run[0, min(3, free_run.shape[1] - 1)])  # row 0 ends at its 4th token, others later or never
+    _, first_s, _ = run(eos, True)  # compiles (once per shape bucket)
+    (a, ta, _), (b, tb, _) = run(eos, False), run(eos, True)
+    width = max(a.shape[1], b.shape[1])
+    a = torch.nn.functional.pad(a, (0, width - a.shape[1]), value=pad)
+    b = torch.nn.functional.pad(b, (0, width - b.shape[1]), value=pad)
+    n_tokens = int(((a != pad) | (a == eos)).sum())
+    same = float((a == b).all(dim=1).float().mean())
+    out = {"rows": a.shape[0], "max_new_tokens": new, "options": options,
+           "rows_ending_with_eos": int((a == eos).any(dim=1).sum()), "same_tokens": same,
+           "eager_tok_s": n_tokens / ta, "compiled_tok_s": n_tokens / tb, "compiled_over_eager_speed": ta / tb,
+           "first_compiled_call_s": first_s, "ok": same == 1.0}
+    model = None
+    ctx.free()
+    return out
+
+
 def check_reward_model(ctx: Ctx) -> dict:
     """A sequence-classification reward model given by path to gtpo's trainer scores on the run's device (the
     GPU), not on the host where rollouts live (issue 42 defect 2): its parameters' device after one step."""
@@ -1061,8 +1113,8 @@ def main(argv=None) -> int:
     parser.add_argument("--length", type=int, default=512, help="completion tokens of the steps (T)")
     parser.add_argument("--long-length", type=int, default=1500, help="T of the peak-memory step")
     parser.add_argument("--only", default=None, help="comma-separated parts to run (environment, head, trl, resume, "
-                        "sampling_sync, reward_model, bf16_learning, throughput, qlora_grad, decode, shared_prefix, "
-                        "sharded, steps, long)")
+                        "sampling_sync, decode_compile, reward_model, bf16_learning, throughput, qlora_grad, decode, "
+                        "shared_prefix, sharded, steps, long)")
     parser.add_argument("--budget-s", type=float, default=450.0,
                         help="seconds the whole check may take: a part whose estimate (on one H200) no longer fits "
                              "is skipped with the reason 'budget' (default 450: one device call of ~8 minutes)")
@@ -1094,6 +1146,7 @@ def main(argv=None) -> int:
         ("trl_vs_ours", "trl", lambda: trl_vs_ours(ctx), result, 30),
         ("resume", "resume", lambda: check_resume(ctx), result["correctness"], 30),
         ("sampling_sync", "sampling_sync", lambda: check_sampling_sync(ctx), result["correctness"], 20),
+        ("decode_compile", "decode_compile", lambda: check_decode_compile(ctx), result["correctness"], 120),
         ("reward_model", "reward_model", lambda: check_reward_model(ctx), result["correctness"], 15),
         ("bf16_learning", "bf16_learning", lambda: bf16_learning(ctx), result["correctness"], 60),
         ("throughput qwen2.5-0.5b", "throughput", lambda: throughput_vs_trl(ctx, "qwen2.5-0.5b"), result["throughput"],

@@ -12,7 +12,7 @@
 # With the device tool of this workplace: prepare here, then one call
 #   run(command="bash scripts/gpu-check.sh run", carry=[".gpucheck"], timeout_s=520)
 # and record what it printed in docs/performance.md with the date and the GPU. `run -- --only head,decode` passes
-# options to bench/gpu_check.py (parts: environment, head, trl, resume, sampling_sync, reward_model, bf16_learning,
+# options to bench/gpu_check.py (parts: environment, head, trl, resume, sampling_sync, decode_compile, reward_model, bf16_learning,
 # throughput, qlora_grad, decode, shared_prefix, steps, long; --budget-s SECONDS).
 set -euo pipefail
 cd "$(dirname "$0")/.."

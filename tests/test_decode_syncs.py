@@ -39,7 +39,7 @@ def model_and_tokenizer(request, tiny_model_path):
     return model, AutoTokenizer.from_pretrained(tiny_model_path)
 
 
-def _decode_reads(model, tokenizer, *, tokens, sync_every):
+def _decode_reads(model, tokenizer, *, tokens, sync_every, static=False):
     from transformers import GenerationConfig
 
     from gtpo.sampling.decode import decode, prefill
@@ -56,17 +56,18 @@ def _decode_reads(model, tokenizer, *, tokens, sync_every):
         cache = prefill(model, ids, mask)
         with HostReads() as reads:
             out = decode(model, ids, mask, cache, config, eos_ids=[0], pad_id=tokenizer.pad_token_id,
-                         sync_every=sync_every)
+                         sync_every=sync_every, static=static)
     assert out.shape == (ids.shape[0], tokens)
     return sum(reads.calls.values()), reads.calls
 
 
-def test_decode_loop_reads_the_host_only_every_sync_every_tokens(model_and_tokenizer):
+@pytest.mark.parametrize("static", [False, True])
+def test_decode_loop_reads_the_host_only_every_sync_every_tokens(model_and_tokenizer, static):
     # sync_every=8, 32 tokens: reads at tokens 8, 16, 24 (is every distribution sound? did a row end?)
     # and after the loop (soundness, the longest completion): 2 * 3 + 2 = 8. A read per forward from
-    # the model's mask code would add 32.
+    # the model's mask code would add 32. The static-cache step (decode_compile) reads no more.
     model, tokenizer = model_and_tokenizer
-    total, calls = _decode_reads(model, tokenizer, tokens=32, sync_every=8)
+    total, calls = _decode_reads(model, tokenizer, tokens=32, sync_every=8, static=static)
     assert total <= 2 * (32 // 8) + 2, calls
 
 

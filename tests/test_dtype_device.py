@@ -485,6 +485,8 @@ def test_gpu_check_runs_on_cpu_quick(tmp_path):
     assert c["resume"]["ok"] and c["resume"]["max_weight_diff"] == 0.0, c["resume"]
     assert c["sampling_sync"]["identical"] and c["sampling_sync"]["rows_ending_with_eos"] > 0, c["sampling_sync"]
     assert c["reward_model"]["reward_model_device"] == "cpu", c["reward_model"]
+    comp = c["decode_compile"]
+    assert comp["same_tokens"] == 1.0 and comp["rows_ending_with_eos"] > 0 and comp["compiled_tok_s"] > 0, comp
     learn = c["bf16_learning"]
     assert learn["ok"] and learn["master_dtype"] == ["float32"] and learn["grad_cosine_bf16_fp32"] > 0.99, learn
     for arch in ("qwen2.5-0.5b", "qwen2.5-1.5b"):

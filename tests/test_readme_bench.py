@@ -23,10 +23,12 @@ QUICK = {
                          "--length", "4"],
     "default_dtype.py": ["--steps", "1", "--warmup", "0", "--max-completion-length", "4", "--prompts", "1", "--group",
                          "2"],
+    "decode_loop.py": ["--settings", "tiny", "--rounds", "1"],
 }
 #: what each prints at the end of a complete run
 SUMMARY = {"trainer_vs_trl.py": r"step time ours/TRL, GTPO mode", "gtpo_overhead.py": r"GTPO overhead",
-           "default_dtype.py": r"bfloat16 / float32 \(median of paired ratios\)"}
+           "default_dtype.py": r"bfloat16 / float32 \(median of paired ratios\)",
+           "decode_loop.py": r"loop-compiled / loop: \S+ \(median of paired wall ratios\)"}
 
 
 def readme_bench_commands() -> list[str]:

@@ -391,7 +391,7 @@ class GTPOTrainer:
                 return generate(
                     self.unwrapped_model, self.tokenizer, [None] * len(rows), sampling=self.sampling,
                     prompt_ids=prompt_ids, num_samples=a.group_size, batch_size=a.generation_chunk_size,
-                    decode_loop=a.decode_loop, merge_lora=a.merge_lora_for_sampling,
+                    decode_loop=a.decode_loop, merge_lora=a.merge_lora_for_sampling, decode_compile=a.decode_compile,
                 )
         except RuntimeError as err:
             text = str(err).lower()
@@ -811,7 +811,7 @@ class GTPOTrainer:
                 self.unwrapped_model, self.tokenizer, self.eval_dataset, sampling=SamplingParams.for_evaluation(a),
                 n=a.eval_num_samples, k_list=a.eval_k, batch_size=resolved(a, "per_device_eval_batch_size"),
                 scoring=ScoringOptions(reward_fn=self.eval_reward_func), engine=self.vllm_engine, merge_lora=a.merge_lora_for_sampling,
-                processes=self.accelerator,
+                decode_compile=a.decode_compile, processes=self.accelerator,
             )
 
     def _probe(self) -> dict[str, float]:

@@ -223,6 +223,8 @@ def check_values(config: Any) -> None:
     if kwargs is not None and (not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs)):
         raise ValueError("GTPOConfig.lr_scheduler_kwargs must be a mapping of the schedule's keyword arguments (e.g. "
                          f"{{min_lr_rate: 0.1}} for cosine_with_min_lr), got {kwargs!r}")
+    if config.decode_compile not in (True, False, "auto"):
+        raise ValueError(f"GTPOConfig.decode_compile must be 'auto', true or false, got {config.decode_compile!r}")
     check_precision(config)
     if not config.eval_k or any((not isinstance(k, int)) or k < 1 for k in config.eval_k):
         raise ValueError(f"GTPOConfig.eval_k must be a non-empty list of integers >= 1, got {config.eval_k!r}")

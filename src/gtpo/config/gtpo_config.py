@@ -314,6 +314,20 @@ class GTPOConfig:
         "transformers generate. [D]",
         trl="gtpo_engine", verl="engine",
     )
+    decode_compile: bool | str = _f(
+        "auto",
+        "Run each token of gtpo's decoding loop (decode_loop) as one compiled step: a static key/value cache "
+        "preallocated for the prompt plus max_completion_length (rounded up to 64 positions: one shape bucket), the "
+        "one-token forward compiled with torch.compile once per bucket and rows count (later rollouts reuse it), "
+        "finished completions masked out of the sampling instead of leaving the batch (no recompilation), LoRA "
+        "merged as merge_lora_for_sampling says. The same tokens as the eager loop (float32 greedy and seeded "
+        "sampling, tested). 'auto': compiled where measured faster: on CUDA with CUDA graphs (mode "
+        "'reduce-overhead', where Triton is installed; not yet measured on a GPU), eager on CPU (measured no faster "
+        "on SmolLM2-135M and tens of seconds of compilation per shape, docs/performance.md), said once in the log. "
+        "true: compiled on any device (inductor needs a C++ compiler on CPU); false: eager. The compilation time "
+        "is logged at its first step; a compiler that fails there is logged and the rollout decodes uncompiled. [D]",
+        trl="gtpo_engine", verl="engine", resumable=True,
+    )
     merge_lora_for_sampling: bool = _f(
         True,
         "Sample (rollouts and the in-training evaluation) with each float32 LoRA layer replaced by a plain linear "

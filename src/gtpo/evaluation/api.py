@@ -254,14 +254,14 @@ def seeded(seed: int):
 def generate_samples(
     model, tokenizer, rows: list[dict], *, sampling: Any = None, n: int, batch_size: int | None,
     max_prompt_length: int | None, progress: bool, keep_ids: bool = False, engine: Any = None, merge_lora: bool = True,
-    **settings,
+    decode_compile: bool | str = "auto", **settings,
 ) -> list[list[dict]]:
     """``n`` completions of every row sampled as ``sampling`` (a :class:`gtpo.sampling.rollout.SamplingParams`, or its fields as
     keywords) says: per row, ``n`` dicts (text, length, truncated,
     and with ``keep_ids`` the completion's token ids under ``"ids"``). With ``engine`` (a
     :class:`gtpo.sampling.vllm_engine.VLLMEngine`) vLLM samples every row in one call (it batches by itself);
     otherwise ``gtpo.sampling.rollout.generate`` samples ``batch_size`` completions at a time (with its
-    ``merge_lora``)."""
+    ``merge_lora`` and ``decode_compile``)."""
     from gtpo.sampling.rollout import SamplingParams, encode_prompts, eos_token_ids, generate
 
     sampling = SamplingParams.given(sampling, settings, "generate_samples")
@@ -294,6 +294,7 @@ def generate_samples(
             rollout = generate(
                 model, tokenizer, [r["prompt"] for r in part], sampling=sampling, num_samples=n,
                 batch_size=batch_size, max_prompt_length=max_prompt_length, merge_lora=merge_lora,
+                decode_compile=decode_compile,
             )
         lengths = rollout.completion_mask.sum(dim=1).tolist()
         truncated = rollout.truncated.tolist()
@@ -500,6 +501,7 @@ def evaluate_during_training(
     seed: int = 0,
     engine: Any = None,
     merge_lora: bool = True,
+    decode_compile: bool | str = "auto",
     processes: Any = None,
     **settings,
 ) -> dict[str, float]:
@@ -525,6 +527,7 @@ def evaluate_during_training(
         engine: a :class:`gtpo.sampling.vllm_engine.VLLMEngine` serving ``model``'s current weights (the trainer's
             with ``use_vllm``): it samples instead of ``gtpo.sampling.rollout.generate``.
         merge_lora: ``gtpo.sampling.rollout.generate``'s (float32 LoRA layers merged while sampling).
+        decode_compile: ``gtpo.sampling.rollout.generate``'s (the trainer's ``GTPOConfig.decode_compile``).
         processes: the accelerate state of a multi-process run (an ``Accelerator`` or ``PartialState``: its
             ``process_index`` and ``num_processes``), every process calling: each generates and scores its own
             contiguous share of the problems (:func:`process_share`; with ``engine``, its own colocated engine), the
@@ -565,7 +568,7 @@ def evaluate_during_training(
             generated = generate_samples(
                 model, tokenizer, mine, sampling=sampling, n=n, batch_size=batch_size,
                 max_prompt_length=max_prompt_length, progress=False, keep_ids=scoring.reward_fn is not None,
-                engine=engine, merge_lora=merge_lora,
+                engine=engine, merge_lora=merge_lora, decode_compile=decode_compile,
             )
     problems = [problem_record(start + i, row, samples) for i, (row, samples) in enumerate(zip(mine, generated))]
     metrics = score_problems(problems, rows=mine, n=n, ks=ks, maj_ks=maj_ks,

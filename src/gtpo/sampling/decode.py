@@ -17,12 +17,19 @@ CPU in bfloat16/float16, the attention of the one new token runs as two batched 
 grouped query heads (:func:`decode_attention`; PyTorch's CPU SDPA kernel is 4-10x slower there for
 a single query); and on an accelerator the host reads (did a row end? is a distribution broken?)
 happen every ``sync_every`` tokens, not every token.
+
+``decode(..., compile_options=...)`` (``GTPOConfig.decode_compile``) runs each step over a static, preallocated
+key/value cache with fixed shapes, compiled once per shape bucket (:class:`StaticStep`): the same tokens as the
+eager step (:class:`EagerStep`); on by default on CUDA only (:func:`decode_compile_options`; docs/performance.md,
+"The compiled decode step").
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
+import time
 
 import torch
 
@@ -30,8 +37,10 @@ from ..run.models import unwrap_peft
 from .padding import position_ids
 from .shared_prefix import cache_kwarg, plain_dynamic_cache, prompt_groups, shared_prompt_cache
 
-__all__ = ["DECODE_ATTENTION", "GrowingLayer", "decode", "decode_attention", "decode_loop_config", "grow_cache",
-           "prefill", "prefill_shared", "sample_categorical"]
+logger = logging.getLogger("gtpo")
+
+__all__ = ["DECODE_ATTENTION", "EagerStep", "GrowingLayer", "STATIC_BUCKET", "StaticStep", "decode", "decode_attention",
+           "decode_compile_options", "decode_loop_config", "grow_cache", "prefill", "prefill_shared", "sample_categorical"]
 
 
 def prefill_shared(model, ids: torch.Tensor, mask: torch.Tensor):
@@ -342,8 +351,214 @@ def _step_mask_builder(model):
     return lambda mask: mask
 
 
+# ----------------------------------------------------------------------------- one decoding step
+class EagerStep:
+    """One decoding step of :func:`decode` in eager mode: the model's forward on the ``(n, 1)`` new
+    tokens over its ``DynamicCache`` (made of :class:`GrowingLayer`s), rows that finished dropped
+    from the cache (:meth:`select`): the work follows the unfinished rows."""
+
+    def __init__(self, model, cache, attention_mask: torch.Tensor, max_new: int):
+        grow_cache(cache, max_new)  # the last prompt token and up to max_new - 1 sampled ones are fed
+        self.model, self.cache, self.kwarg = model, cache, cache_kwarg()
+        self.mask = attention_mask.long()  # (n, S + t)
+        self.position = position_ids(self.mask)[:, -1:]  # (n, 1) position of the token fed next
+        self.step_mask = _step_mask_builder(model)
+
+    def __call__(self, token: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``(n, V)`` float32 logits of the next token after ``token (n, 1)`` (``rows``: unused)."""
+        logits = self.model(input_ids=token, attention_mask=self.step_mask(self.mask), position_ids=self.position,
+                            use_cache=True, logits_to_keep=1, **{self.kwarg: self.cache}).logits  # (n, 1, V)
+        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)
+        self.position = self.position + 1
+        return logits[:, -1].to(dtype=torch.float32)
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep the batch rows ``keep (n',)`` (the others finished)."""
+        self.cache.batch_select_indices(keep)
+        self.mask, self.position = self.mask[keep], self.position[keep]
+
+
+#: the static cache's length is rounded up to a multiple of this: one compiled step serves every prompt width of
+#: a bucket (the step compiles once per (rows, bucket, dtype, device))
+STATIC_BUCKET = 64
+
+
+def _static_forward(model, token, mask, position, cache, kwarg):
+    """The model's forward on ``token (N, 1)`` over the static ``cache``: ``(N, V)`` float32 logits."""
+    out = model(input_ids=token, attention_mask=mask, position_ids=position, use_cache=True, logits_to_keep=1,
+                **{kwarg: cache})
+    return out.logits[:, -1].to(dtype=torch.float32)
+
+
+class StaticStep:
+    """One decoding step of :func:`decode` over a preallocated static key/value cache, optionally
+    compiled (``torch.compile``) once per shape bucket.
+
+    The cache (transformers' ``StaticCache``) holds every row for ``S - 1 + max_new`` positions
+    rounded up to :data:`STATIC_BUCKET`, filled from the prompt cache :func:`prefill` /
+    :func:`prefill_shared` computed (the same prompt keys and values as the eager loop); one cache
+    per (rows, dtype, device) is kept on the model and refilled by later rollouts (the compiled
+    graph is tied to its tensors), the longest needed so far. Every
+    step runs the forward on all ``N`` rows with fixed shapes (tokens ``(N, 1)``, a ``(N, 1, 1,
+    L_max)`` boolean mask of the filled positions, positions ``(N, 1)``), so one compiled graph
+    serves the whole rollout and every later rollout of the same bucket: rows that finished are
+    not dropped (that would change the shapes and recompile) but masked out of the sampling,
+    which takes the logits of the rows still in the batch only, exactly as :class:`EagerStep`
+    gives them (so the random stream, and the tokens, are the eager loop's). The cost: finished
+    rows keep being computed, and attention runs over ``L_max`` positions (masked) from the first
+    token.
+    """
+
+    def __init__(self, model, cache, attention_mask: torch.Tensor, capacity: int, compile_options: dict | None):
+        self.model, self.cache, self.kwarg = model, cache, cache_kwarg()
+        n, width = attention_mask.shape
+        self.index = width - 1  # the cache position of the token fed next
+        self.full = torch.zeros(n, capacity, dtype=torch.bool, device=attention_mask.device)  # (N, L_max)
+        self.full[:, :width] = attention_mask.bool()
+        self.position = position_ids(attention_mask.long())[:, -1:].clone()  # (N, 1)
+        self.token = torch.zeros(n, 1, dtype=torch.long, device=attention_mask.device)  # (N, 1)
+        self.step_mask = _step_mask_builder(model)
+        self.forward = _static_forward if compile_options is None else _compiled_forward(model, compile_options)
+        self.key = (n, capacity, str(next(unwrap_peft(model).parameters()).dtype), attention_mask.device.type,
+                    id(self.forward))
+
+    @classmethod
+    def build(cls, model, cache, attention_mask: torch.Tensor, max_new: int, compile_options: dict | None):
+        """The static step over a copy of the prefilled ``cache`` (a ``DynamicCache`` of the first
+        ``S - 1`` prompt columns), or None where the model's static cache is not made of plain
+        full-attention layers or the prompt cache is empty (one-token prompts): the eager step."""
+        try:
+            from transformers import StaticCache
+            from transformers.cache_utils import StaticLayer
+        except ImportError:  # pragma: no cover - transformers without per-layer static caches
+            return None
+        layers = getattr(cache, "layers", None)
+        if not layers or any(layer.keys is None or layer.keys.dim() != 4 for layer in layers):
+            return None
+        width = attention_mask.shape[1]
+        capacity = -(-(width - 1 + max_new) // STATIC_BUCKET) * STATIC_BUCKET
+        base = unwrap_peft(model)
+        # one static cache per (rows, dtype, device), kept on the model and refilled by later rollouts: a compiled
+        # step guards on the cache's tensors (static addresses, CUDA graphs), so a new cache per rollout would
+        # compile again. A rollout that needs fewer positions uses it as it is (the rest masked); one that needs
+        # more replaces it (memory: one cache, the longest so far)
+        keys = layers[0].keys
+        store = base.__dict__.setdefault("_gtpo_static_caches", {})
+        key = (attention_mask.shape[0], keys.dtype, keys.device)
+        static = store.get(key)
+        if static is not None and static.layers[0].max_cache_len >= capacity:
+            capacity = static.layers[0].max_cache_len
+        else:
+            store.pop(key, None)
+            static = StaticCache(config=base.config, max_cache_len=capacity)
+            if len(static.layers) != len(layers) or any(type(s) is not StaticLayer for s in static.layers):
+                return None
+            for target, source in zip(static.layers, layers):
+                target.lazy_initialization(source.keys, source.values)
+        if (len(static.layers) != len(layers)
+                or any(t.keys.shape[1:2] + t.keys.shape[3:] != s.keys.shape[1:2] + s.keys.shape[3:]
+                       for t, s in zip(static.layers, layers))):
+            return None
+        store[key] = static
+        for target, source in zip(static.layers, layers):  # positions past the prompt: masked until written
+            length = source.keys.shape[2]
+            target.keys[:, :, :length] = source.keys
+            target.values[:, :, :length] = source.values
+            target.cumulative_length.fill_(length)
+        return cls(model, static, attention_mask, capacity, compile_options)
+
+    def __call__(self, token: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``(n, V)`` float32 logits after ``token (n, 1)`` for the batch rows ``rows (n,)`` still
+        decoding (the forward runs on all ``N``)."""
+        self.token[rows] = token
+        self.full[:, self.index] = True
+        first = self.key not in _COMPILED_SHAPES and self.forward is not _static_forward
+        start = time.perf_counter()
+        args = (self.model, self.token, self.step_mask(self.full), self.position, self.cache, self.kwarg)
+        try:
+            logits = self.forward(*args)  # (N, V)
+        except Exception as err:  # noqa: BLE001 -- the compiler failed before the step ran: the same step eagerly
+            if not first:
+                raise
+            logger.warning("decode_compile: compiling the decode step failed (%s: %s); this rollout decodes "
+                           "uncompiled (set decode_compile: false to skip the attempt)", type(err).__name__,
+                           str(err).splitlines()[0] if str(err) else "")
+            self.forward = _static_forward
+            first = False
+            logits = self.forward(*args)
+        if first:
+            _COMPILED_SHAPES[self.key] = time.perf_counter() - start
+            logger.info("decode_compile: the decode step compiled for %d rows x %d cached positions (%s, %s) in "
+                        "%.1f s (once per shape bucket)", *self.key[:4], _COMPILED_SHAPES[self.key])
+        self.index += 1
+        self.position += 1
+        return logits[rows]
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Rows that finished stay in the static batch (masked out of the sampling by the caller's ``rows``)."""
+
+
+#: (rows, cache length, dtype, device type, id of the compiled step) -> seconds of the compiled step's first call
+#: (compilation included)
+_COMPILED_SHAPES: dict = {}
+
+
+def _compiled_forward(model, options: dict):
+    """:func:`_static_forward` compiled with ``torch.compile(**options)``, one per model and options
+    (kept on the model, so later rollouts reuse it; dynamo compiles it once per shape bucket)."""
+    base = unwrap_peft(model)
+    store = base.__dict__.setdefault("_gtpo_compiled_decode", {})
+    key = tuple(sorted(options.items()))
+    if key not in store:
+        store[key] = torch.compile(_static_forward, dynamic=False, **options)
+    return store[key]
+
+
+def decode_compile_options(setting, device: torch.device) -> dict | None:
+    """The ``torch.compile`` options of the decode step for ``GTPOConfig.decode_compile`` on
+    ``device``, or None: the eager step.
+
+    ``False``: None. ``True``: compiled (inductor; ``mode="reduce-overhead"``, CUDA graphs, on CUDA).
+    ``"auto"``: compiled where it was measured faster, eager elsewhere, said once in the log: on a
+    CPU eager (docs/performance.md, issue 46: the compiled static-cache step measured no faster
+    on SmolLM2-135M and costs tens of seconds of compilation per shape); on CUDA compiled with
+    CUDA graphs, where the eager loop is launch-bound (~40 ms a token for 3B on an H200) -- not yet
+    measured (``bench/gpu_check.py``'s ``decode`` part), and only where Triton is installed.
+    """
+    if setting is False or setting == "false":
+        return None
+    cuda = device.type == "cuda"
+    if setting is True or setting == "true":
+        return {"mode": "reduce-overhead"} if cuda else {}
+    if setting != "auto":
+        raise ValueError(f"GTPOConfig.decode_compile must be 'auto', true or false, got {setting!r}")
+    if cuda:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            _log_once("decode_compile auto: eager decode step (no Triton for torch.compile on CUDA)")
+            return None
+        _log_once("decode_compile auto: compiled decode step with CUDA graphs (torch.compile mode "
+                  "'reduce-overhead'); not yet measured on a GPU (bench/gpu_check.py decode)")
+        return {"mode": "reduce-overhead"}
+    _log_once(f"decode_compile auto: eager decode step on {device.type} (the compiled static-cache step measured "
+              "no faster on CPU and compiles for tens of seconds per shape: docs/performance.md, issue 46); "
+              "decode_compile: true compiles it anyway")
+    return None
+
+
+_LOGGED: set = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _LOGGED:
+        _LOGGED.add(message)
+        logger.info(message)
+
+
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, config, *,
-           eos_ids: list[int], pad_id: int, sync_every: int | None = None) -> torch.Tensor:
+           eos_ids: list[int], pad_id: int, sync_every: int | None = None, static: bool = False,
+           compile_options: dict | None = None) -> torch.Tensor:
     """Sample completions token by token from the model's forward and key/value cache.
 
     The computation of transformers' ``generate`` sampling loop for the settings of
@@ -382,6 +597,12 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, 
         config: a completed ``GenerationConfig`` from :func:`decode_loop_config`.
         eos_ids: token ids that end a completion; ``pad_id`` fills positions after the end.
         sync_every: tokens between host reads (None: 1 on a CPU, 8 elsewhere).
+        static: run the steps over a static key/value cache (:class:`StaticStep`: fixed shapes,
+            finished rows masked out of the sampling instead of leaving the batch); the same tokens.
+        compile_options: ``torch.compile`` keywords (``{}``: inductor's defaults; from
+            :func:`decode_compile_options`): the static step, compiled once per shape bucket.
+            Either falls back to the eager step where the model's static cache is not made of
+            plain full-attention layers or the prompt cache is empty.
 
     Returns:
         ``(N, T')`` sampled ids, ``T' <= max_new_tokens`` the longest completion (EOS included);
@@ -402,22 +623,21 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, 
     every = (1 if device.type == "cpu" else 8) if sync_every is None else int(sync_every)
     if every < 1:
         raise ValueError(f"decode: sync_every must be >= 1, got {sync_every}")
-    grow_cache(cache, max_new)  # the last prompt token and up to max_new - 1 sampled ones are fed
+    step = None
+    if static or compile_options is not None:
+        step = StaticStep.build(model, cache, attention_mask, max_new, compile_options)
+    if step is None:
+        step = EagerStep(model, cache, attention_mask, max_new)
     rows = torch.arange(n, device=device)  # (n,) the batch row of each row still in the batch
     seq = input_ids  # (n, S + t) prompt and tokens so far (the processors' view)
-    mask = attention_mask.long()  # (n, S + t)
-    position = position_ids(mask)[:, -1:]  # (n, 1) position of the token fed next
     token = input_ids[:, -1:]  # (n, 1)
     ended = torch.zeros(n, dtype=torch.bool, device=device)  # (n,) produced EOS (not dropped yet)
     valid = torch.ones((), dtype=torch.bool, device=device)  # every distribution so far was sound
-    kwarg = cache_kwarg()
     steps = 0
     with _decode_attention_on(model, device):
-        step_mask = _step_mask_builder(model)
         for t in range(max_new):
-            logits = model(input_ids=token, attention_mask=step_mask(mask), position_ids=position, use_cache=True,
-                           logits_to_keep=1, **{kwarg: cache}).logits  # (n, 1, V)
-            scores = processors(seq, logits[:, -1].to(dtype=torch.float32))  # (n, V)
+            logits = step(token, rows)  # (n, V) float32
+            scores = processors(seq, logits)  # (n, V)
             if config.do_sample:
                 nxt = sample_categorical(torch.softmax(scores, dim=-1), valid=valid)  # (n,)
             else:
@@ -437,13 +657,10 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, 
                     if bool(ended.all()):
                         break
                     keep = (~ended).nonzero().squeeze(1)  # (n',)
-                    cache.batch_select_indices(keep)
-                    rows, seq, mask, position, nxt, ended = (rows[keep], seq[keep], mask[keep], position[keep],
-                                                             nxt[keep], ended[keep])
+                    step.select(keep)
+                    rows, seq, nxt, ended = rows[keep], seq[keep], nxt[keep], ended[keep]
             token = nxt.unsqueeze(1)
             seq = torch.cat([seq, token], dim=1)
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-            position = position + 1
     if not bool(valid):
         raise RuntimeError(_BROKEN)
     out = out[:, :steps]
