@@ -41,6 +41,8 @@ def metavar_of(field: dataclasses.Field) -> str:
     if field.name in FIELD_CHOICES:
         base = "{" + ",".join(c for c in FIELD_CHOICES[field.name] if c != "none" or field.name != "report_to") + "}"
         base = base + ("|LIST" if t.startswith("list") else "")
+    elif t.startswith("bool | str") and field.default == "auto":
+        base = "{auto,true,false}"
     elif t.startswith("list"):
         base = "LIST"
     elif t.startswith("dict"):

@@ -321,10 +321,10 @@ class GTPOConfig:
         "one-token forward compiled with torch.compile once per bucket and rows count (later rollouts reuse it), "
         "finished completions masked out of the sampling instead of leaving the batch (no recompilation), LoRA "
         "merged as merge_lora_for_sampling says. The same tokens as the eager loop (float32 greedy and seeded "
-        "sampling, tested). 'auto': compiled where measured faster: on CUDA with CUDA graphs (mode "
-        "'reduce-overhead', where Triton is installed; not yet measured on a GPU), eager on CPU (measured no faster "
-        "on SmolLM2-135M and tens of seconds of compilation per shape, docs/performance.md), said once in the log. "
-        "true: compiled on any device (inductor needs a C++ compiler on CPU); false: eager. The compilation time "
+        "sampling, tested). 'auto': compiled where measured faster, which so far is nowhere: eager on CPU "
+        "(measured no faster on SmolLM2-135M and tens of seconds of compilation per shape, docs/performance.md) "
+        "and on CUDA (with CUDA graphs, mode 'reduce-overhead', not yet measured on a GPU), said once in the log. "
+        "true: compiled on any device (CUDA graphs on CUDA; inductor needs a C++ compiler on CPU); false: eager. The compilation time "
         "is logged at its first step; a compiler that fails there is logged and the rollout decodes uncompiled. [D]",
         trl="gtpo_engine", verl="engine", resumable=True,
     )

@@ -20,7 +20,7 @@ happen every ``sync_every`` tokens, not every token.
 
 ``decode(..., compile_options=...)`` (``GTPOConfig.decode_compile``) runs each step over a static, preallocated
 key/value cache with fixed shapes, compiled once per shape bucket (:class:`StaticStep`): the same tokens as the
-eager step (:class:`EagerStep`); on by default on CUDA only (:func:`decode_compile_options`; docs/performance.md,
+eager step (:class:`EagerStep`); off by default until measured faster (:func:`decode_compile_options`; docs/performance.md,
 "The compiled decode step").
 """
 
@@ -519,11 +519,12 @@ def decode_compile_options(setting, device: torch.device) -> dict | None:
     ``device``, or None: the eager step.
 
     ``False``: None. ``True``: compiled (inductor; ``mode="reduce-overhead"``, CUDA graphs, on CUDA).
-    ``"auto"``: compiled where it was measured faster, eager elsewhere, said once in the log: on a
-    CPU eager (docs/performance.md, issue 46: the compiled static-cache step measured no faster
-    on SmolLM2-135M and costs tens of seconds of compilation per shape); on CUDA compiled with
-    CUDA graphs, where the eager loop is launch-bound (~40 ms a token for 3B on an H200) -- not yet
-    measured (``bench/gpu_check.py``'s ``decode`` part), and only where Triton is installed.
+    ``"auto"``: compiled where it was measured faster, eager elsewhere, said once in the log. So far
+    that is nowhere: on a CPU the compiled static-cache step measured no faster on SmolLM2-135M and
+    costs tens of seconds of compilation per shape (docs/performance.md, issue 46); on CUDA, where
+    the eager loop is launch-bound (~40 ms a token for 3B on an H200) and CUDA graphs should pay,
+    it has not been measured yet (``bench/gpu_check.py``'s ``decode_compile`` part), so ``auto``
+    stays eager there too until a GPU measurement shows the gain.
     """
     if setting is False or setting == "false":
         return None
@@ -533,14 +534,10 @@ def decode_compile_options(setting, device: torch.device) -> dict | None:
     if setting != "auto":
         raise ValueError(f"GTPOConfig.decode_compile must be 'auto', true or false, got {setting!r}")
     if cuda:
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            _log_once("decode_compile auto: eager decode step (no Triton for torch.compile on CUDA)")
-            return None
-        _log_once("decode_compile auto: compiled decode step with CUDA graphs (torch.compile mode "
-                  "'reduce-overhead'); not yet measured on a GPU (bench/gpu_check.py decode)")
-        return {"mode": "reduce-overhead"}
+        _log_once("decode_compile auto: eager decode step on cuda (the compiled step with CUDA graphs is not yet "
+                  "measured faster on a GPU: bench/gpu_check.py --only decode_compile); decode_compile: true "
+                  "compiles it")
+        return None
     _log_once(f"decode_compile auto: eager decode step on {device.type} (the compiled static-cache step measured "
               "no faster on CPU and compiles for tens of seconds per shape: docs/performance.md, issue 46); "
               "decode_compile: true compiles it anyway")
