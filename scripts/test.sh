@@ -29,6 +29,7 @@ script_of() { case "$1" in vllm) echo scripts/test-vllm.sh ;; verl) echo scripts
 if [ "${#parts[@]}" -gt 0 ]; then
   (  # the background lane: the builds at once, then each part's tests as its venv is ready (the quickest build first)
     renice -n 10 -p "$BASHPID" >/dev/null 2>&1 || true   # before it starts anything: its processes inherit it
+    ionice -c 2 -n 7 -p "$BASHPID" >/dev/null 2>&1 || true   # and the lowest best-effort disk priority (pip unpacks GBs)
     builds=()
     for part in "${parts[@]}"; do
       bash "$(script_of "$part")" --install-only >"$logs/$part.build.log" 2>&1 &
