@@ -22,8 +22,8 @@ PROMPTS = [f"What is {a} + {b}?" for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9
 
 def free_port() -> int:
     """A TCP port on loopback that is free now (the OS picks it) for a multi-process run's rendezvous: not one derived
-    from the pid, which another test session running at the same time (scripts/test.sh runs the venv parts alongside
-    the main suite) could derive too."""
+    from the pid, which another test session running at the same time on the machine (another venv's, another
+    checkout's) could derive too."""
     import socket
 
     with socket.socket() as sock:
