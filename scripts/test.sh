@@ -39,7 +39,13 @@ fi
 bash scripts/install.sh test
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-python -m pytest -q --durations=25 "$@"   # the 25 slowest tests listed; testpaths (pyproject.toml): tests/ and experiments/
+# One torch thread per process (as its multi-process tests already set for their children, and as the bench commands
+# override with their --threads): its models are tiny, and on 2 cores a second intra-op thread mostly spins
+# (measured, other agents' load ~3: test_trainer_step + test_checkpoint + test_low_precision 30.4 -> 22.2 s, 17.4 ->
+# 12.2 s CPU; test_journeys + test_decode_syncs + test_fast_paths 120 -> 73.6 s, 75.8 -> 45.6 s CPU). A caller's
+# OMP_NUM_THREADS is kept.
+OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" \
+  python -m pytest -q --durations=25 "$@"   # the 25 slowest tests listed; testpaths (pyproject.toml): tests/, experiments/
 deactivate
 installed() {  # wait for a background venv build; on failure print its log and fail
   wait "$1" || { cat "$logs/$2.log" >&2; echo "scripts/test.sh: building the $2 venv failed" >&2; exit 1; }
