@@ -20,6 +20,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PROMPTS = [f"What is {a} + {b}?" for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 1), (2, 2), (4, 5), (6, 3)]]
 
 
+def free_port() -> int:
+    """A TCP port on loopback that is free now (the OS picks it) for a multi-process run's rendezvous: not one derived
+    from the pid, which another test session running at the same time on the machine (another venv's, another
+    checkout's) could derive too."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def rows(n=8):
     """The first ``n`` of :data:`PROMPTS` as dataset rows, each with its index as ``answer``."""
     return [{"prompt": p, "answer": str(i)} for i, p in enumerate(PROMPTS[:n])]

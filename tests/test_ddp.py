@@ -9,11 +9,13 @@ import sys
 import pytest
 import torch
 
+from helpers import free_port
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ddp_train.py")
 
 
 def launch(num_processes, model_dir, out):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MASTER_PORT": str(29500 + os.getpid() % 1000)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(num_processes),
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
            "--main_process_port", env["MASTER_PORT"], SCRIPT, model_dir, out]
@@ -67,7 +69,7 @@ def test_readme_accelerate_command(tiny_model_path, tmp_path):
         "entropy_threshold": 100.0, "learning_rate": 1e-3,
     }))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    port = str(29600 + os.getpid() % 1000)
+    port = str(free_port())
     cmd = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--config_file",
            os.path.join(root, "configs", "accelerate", "cpu_ddp_2proc.yaml"), "--main_process_port", port,
            "-m", "gtpo.cli", "train", str(cfg)]

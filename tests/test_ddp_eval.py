@@ -13,6 +13,8 @@ import sys
 import pytest
 import yaml
 
+from helpers import free_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_SCRIPT = os.path.join(ROOT, "tests", "scripts", "ddp_timeout_train.py")
 
@@ -51,7 +53,7 @@ def _launch(two_processes: bool, argv: list[str], *, script: list[str] | None = 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     target = script or ["-m", "gtpo.cli"]
     if two_processes:
-        port = str(29700 + os.getpid() % 1000)
+        port = str(free_port())
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                os.path.join(ROOT, "configs", "accelerate", "cpu_ddp_2proc.yaml"), "--main_process_port", port,
                *target, *argv]

@@ -11,6 +11,7 @@ import yaml
 
 from gtpo.app.launch import split_launch_options
 from gtpo.errors import ConfigError
+from helpers import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,7 +52,7 @@ def test_a_yaml_with_an_accelerate_config_trains_on_two_processes(tiny_model_pat
         "reward_funcs": ["last_number_correctness"], "output_dir": str(out), "group_size": 4, "prompts_per_step": 2,
         "max_steps": 2, "max_completion_length": 6, "save_steps": 2, "disable_tqdm": True,
         "accelerate_config": os.path.join(ROOT, "configs", "accelerate", "cpu_ddp_2proc.yaml"),
-        "main_process_port": 29700 + os.getpid() % 200,
+        "main_process_port": free_port(),
     }))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "gtpo.cli", "train", "--config", str(cfg)], env=env, cwd=tmp_path,

@@ -23,6 +23,7 @@ from gtpo.integrations.trl import (  # noqa: E402
 )
 from gtpo.maths.losses import gtpo_loss  # noqa: E402
 from gtpo.maths.ops import masked_mean  # noqa: E402
+from helpers import free_port  # noqa: E402
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "trl_ddp_train.py")
 TRAINING = dict(use_cpu=True, report_to="none", bf16=False, gradient_checkpointing=False, save_strategy="no",
@@ -530,7 +531,7 @@ def fixed_len_reward(completions, **kwargs):
 # ------------------------------------------------------------------ (c) two processes = one process
 def launch(num_processes, model_dir, out):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
-           "MASTER_PORT": str(29600 + os.getpid() % 1000)}
+           "MASTER_PORT": str(free_port())}
     if num_processes == 1:
         cmd = [sys.executable, SCRIPT, model_dir, out]
     else:

@@ -28,6 +28,7 @@ from gtpo import GTPOConfig, GTPOTrainer  # noqa: E402
 from gtpo.sampling.policy import PolicyForward  # noqa: E402
 from gtpo.sampling.rollout import eos_token_ids, generate  # noqa: E402
 from gtpo.sampling.vllm_engine import VLLMEngine  # noqa: E402
+from helpers import free_port  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -316,7 +317,7 @@ def test_two_ddp_processes_each_with_an_engine(hd32_path, tmp_path):
         "max_prompt_length": 64,
     }))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    port = str(29700 + os.getpid() % 1000)
+    port = str(free_port())
     cmd = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--config_file",
            os.path.join(ROOT, "configs", "accelerate", "cpu_ddp_2proc.yaml"), "--main_process_port", port,
            "-m", "gtpo.cli", "train", str(cfg)]

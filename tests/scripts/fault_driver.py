@@ -59,6 +59,16 @@ import gtpo.report  # noqa: E402,F401
 import gtpo.rewards  # noqa: E402,F401
 from gtpo.run import checkpoint as ckpt  # noqa: E402
 from gtpo import trainer as tr  # noqa: E402
+import gtpo.app.training  # noqa: E402,F401
+from gtpo.integrations import trl_option_names  # noqa: E402
+from gtpo.run.models import import_bitsandbytes_quietly  # noqa: E402
+
+# what every `gtpo train` imports at run time, loaded once here rather than in each of the ~40 children (measured
+# under load: bitsandbytes, which peft imports and which imports torch's inductor, ~4.8 s; TRL's GRPOConfig, whose
+# option names the CLI reads, ~3.5 s): as the run itself imports them (bitsandbytes quietly: these runs quantize
+# nothing)
+import_bitsandbytes_quietly(quantizing=False)
+trl_option_names()
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_STEPS = 8
