@@ -930,8 +930,16 @@ def test_engines_section_by_hand(tmp_path):
     declared run is in; then the per-seed table, the curve and step-time comparisons and the generated verdict."""
     from experiments.protocol.report import engines as rep
 
+    from experiments.protocol.common import write_jsonl_gz
+
+    smol = str(tmp_path / "smol.jsonl.gz")  # the committed reruns' stand-in: seed 0 the same curve, seed 1 another
+    write_jsonl_gz(smol, [{"kind": "run", "arm": rep.REPRO_ARM, "seed": s, "eval_after": {"accuracy": acc},
+                           "steps": [{"reward/mean": x} for x in rewards]}
+                          for s, acc, rewards in ((0, 0.40, (0.1, 0.2, 0.3)), (1, 0.325, (0.1, 0.25, 0.3)))])
     part = _engines_data(tmp_path, {("gtpo", 0): 0.40, ("trl", 0): 0.44, ("gtpo", 1): 0.35})
-    text, res = rep.section(part, use_git=False)
+    text, res = rep.section(part, use_git=False, smol_path=smol)
+    assert ("seed 0 40.0 % (committed 40.0 %), per-step reward identical; seed 1 35.0 % (committed 32.5 %), per-step "
+            "reward differs by up to 0.05.") in text
     assert res["n_done"] == 3 and res["seeds"] == [0] and "primary" not in res
     assert "**Running:** 3 of 8 runs; by the stopping rule no test is computed" in text
     assert "| 0 | 40.0 | 44.0 | +4.0 | 10.0 | 20.0 | 10 | 20 |" in text  # 30 and 60 CPU s over 3 steps
@@ -945,7 +953,7 @@ def test_engines_section_by_hand(tmp_path):
     # all four pairs: TRL - gtpo = +4, -2, +1, -3 points: mean 0, SD sqrt(30 / 3) = 3.162 points, t = 0
     full = _engines_data(tmp_path, {**{("gtpo", s): a for s, a in zip(range(4), (0.40, 0.42, 0.38, 0.41))},
                                     **{("trl", s): a for s, a in zip(range(4), (0.44, 0.40, 0.39, 0.38))}})
-    text, res = rep.section(full, use_git=False)
+    text, res = rep.section(full, use_git=False, smol_path=smol)
     p = res["primary"]
     assert p["mean"] == pytest.approx(0.0, abs=1e-12) and p["sd"] == pytest.approx(math.sqrt(10) / 100)
     half = 2.3533634 * math.sqrt(10) / 100 / 2  # 3.72 points

@@ -9,12 +9,15 @@ import os
 import statistics
 
 from .. import stats
-from ..common import read_jsonl_gz
+from ..common import DATA, read_jsonl_gz
 from ..declare import check_runs, describe
 from ..engines import ENGINES
 from .tables import _figure, _save, design_paragraph, fmt_half, fmt_p, pct, table
 
 LABELS = {"gtpo": "gtpo's engine", "trl": "TRL's engine (`--engine trl`)"}
+#: the committed runs of gtpo's engine with the same settings and one thread (`smol.jsonl.gz`): seeds 0-3 of this
+#: design's gtpo arm are reruns of them, reported beside the design (``designs/engines.md``)
+REPRO_ARM, REPRO_DATA = "gtpo_lr2e-4_40", "smol.jsonl.gz"
 #: the steps at which the side-by-side curve table reads the seed means
 CURVE_STEPS = (1, 5, 10, 15, 20, 25, 30, 35, 40)
 
@@ -75,11 +78,27 @@ def mean_curves(step_lists: list[list[dict]]) -> dict[int, dict[str, float]]:
     return {t: {k: statistics.mean(b[t][k] for b in by) for k in ("reward", "entropy")} for t in common}
 
 
+def reproduction(runs: dict, smol_path: str | None = None) -> list[dict]:
+    """For each finished run of gtpo's engine with a committed run of :data:`REPRO_ARM` on its seed: both accuracies
+    after and the largest difference of the per-step reward (None where the step counts differ)."""
+    path = smol_path or os.path.join(DATA, REPRO_DATA)
+    if not os.path.isfile(path):
+        return []
+    old = {r["seed"]: r for r in read_jsonl_gz(path) if r["kind"] == "run" and r["arm"] == REPRO_ARM}
+    out = []
+    for s, r in sorted(runs.get("gtpo", {}).items()):
+        if s in old:
+            a, b = [x["reward"] for x in r["steps"]], [x["reward/mean"] for x in old[s]["steps"]]
+            out.append({"seed": s, "after": r["eval_after"]["accuracy"], "committed": old[s]["eval_after"]["accuracy"],
+                        "reward_max_diff": max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) and a else None})
+    return out
+
+
 def _f(x, digits: int = 3) -> str:
     return "—" if x is None or x != x else f"{x:.{digits}g}"
 
 
-def section(path: str | None = None, *, use_git: bool | None = None) -> tuple[str, dict]:
+def section(path: str | None = None, *, use_git: bool | None = None, smol_path: str | None = None) -> tuple[str, dict]:
     """The section's markdown and its numbers, from the data file ``path`` (default: the design's)."""
     out = [design_paragraph(ENGINES).split("\nCommands (")[0].rstrip() + "\n"]  # the commands: experiments/README.md
     pw = ENGINES.power()
@@ -121,6 +140,14 @@ def section(path: str | None = None, *, use_git: bool | None = None) -> tuple[st
                "seconds of a step and the training CPU seconds per step):\n")
     out.append(table(["seed", "gtpo", "TRL", "TRL − gtpo", "step s gtpo", "step s TRL", "CPU s/step gtpo",
                       "CPU s/step TRL"], rows) + "\n")
+    rep = res["reproduction"] = reproduction(runs, smol_path)
+    if rep:
+        out.append(f"**Reruns of gtpo's engine** (beside the design: the same settings ran before with one thread, "
+                   f"`{REPRO_DATA}` arm `{REPRO_ARM}`): "
+                   + "; ".join(f"seed {x['seed']} {pct(x['after'])} % (committed {pct(x['committed'])} %), per-step reward "
+                               + ("identical" if x["reward_max_diff"] == 0 else
+                                  f"differs by up to {_f(x['reward_max_diff'])}" if x["reward_max_diff"] is not None
+                                  else "not comparable (other step count)") for x in rep) + ".\n")
     if res["seeds"]:
         seeds = res["seeds"]
         crow = [[name, *(_f(statistics.mean(res["curves"][a][s][name] for s in seeds)) for a in ENGINES.arm_names()),
