@@ -752,7 +752,7 @@ def test_claim7_continued_tuning_joins_the_first_designs_seeds():
 
 @pytest.mark.parametrize("claim, design", [("claim7", "ATTRIBUTION"), ("claim7", "CONTINUED"), ("claim2", "RELEASED"),
                                            ("claim2", "RELEASED_CONTINUED"),
-                                           ("claim7_confirm", "CONFIRM")])
+                                           ("claim7_confirm", "CONFIRM"), ("engines", "ENGINES")])
 def test_declared_designs_export_their_committed_runs_back(tmp_path, claim, design):
     """With no run directory on this machine, exporting a declared design's data file keeps every committed run: the
     file comes back with the same records (the claim-7 designs in the same order)."""
@@ -934,12 +934,12 @@ def test_engines_section_by_hand(tmp_path):
 
     smol = str(tmp_path / "smol.jsonl.gz")  # the committed reruns' stand-in: seed 0 the same curve, seed 1 another
     write_jsonl_gz(smol, [{"kind": "run", "arm": rep.REPRO_ARM, "seed": s, "eval_after": {"accuracy": acc},
-                           "steps": [{"reward/mean": x} for x in rewards]}
+                           "steps": [{"reward/mean": x, "entropy/mean": 0.8} for x in rewards]}
                           for s, acc, rewards in ((0, 0.40, (0.1, 0.2, 0.3)), (1, 0.325, (0.1, 0.25, 0.3)))])
     part = _engines_data(tmp_path, {("gtpo", 0): 0.40, ("trl", 0): 0.44, ("gtpo", 1): 0.35})
     text, res = rep.section(part, use_git=False, smol_path=smol)
-    assert ("seed 0 40.0 % (committed 40.0 %), per-step reward identical; seed 1 35.0 % (committed 32.5 %), per-step "
-            "reward differs by up to 0.05.") in text
+    assert ("seed 0 40.0 % (committed 40.0 %; reward identical at every step, entropy identical at every step); "
+            "seed 1 35.0 % (committed 32.5 %; reward first differs at step 2, entropy identical at every step).") in text
     assert res["n_done"] == 3 and res["seeds"] == [0] and "primary" not in res
     assert "**Running:** 3 of 8 runs; by the stopping rule no test is computed" in text
     assert "| 0 | 40.0 | 44.0 | +4.0 | 10.0 | 20.0 | 10 | 20 |" in text  # 30 and 60 CPU s over 3 steps
