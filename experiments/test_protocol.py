@@ -948,6 +948,7 @@ def test_engines_section_by_hand(tmp_path):
     # TRL's reward is 0.1 higher at every step (mean 0.3 vs 0.2), entropy equal; step time 2x, CPU 2x
     assert "| reward, mean of all steps | 0.2 | 0.3 | +0.100 | n/a |" in text  # one pair: no t-test
     assert "median wall seconds per step 2.00x; training CPU seconds per step 2.00x (seeds 0)" in text
+    assert "CPU seconds per step gtpo's engine 10-10; TRL's engine (`--engine trl`) 20-20." in text
     assert "| 3 | 0.3 | 0.4 | 0.8 | 0.8 |" not in text and res["mean_curves"]["trl"][3]["reward"] == pytest.approx(0.4)
 
     # all four pairs: TRL - gtpo = +4, -2, +1, -3 points: mean 0, SD sqrt(30 / 3) = 3.162 points, t = 0

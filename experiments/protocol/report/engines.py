@@ -170,8 +170,11 @@ def section(path: str | None = None, *, use_git: bool | None = None, smol_path: 
         cpu = (f"; training CPU seconds per step {res['cpu_ratio']:.2f}x (seeds "
                f"{', '.join(map(str, res['cpu_seeds']))})" if res.get("cpu_ratio") else "")
         out.append(f"**Step time, TRL / gtpo** (geometric mean over the paired seeds): median wall seconds per step "
-                   f"{res['wall_ratio']:.2f}x{cpu}. The wall times depend on what else ran on the 2-core machine; the "
-                   "CPU seconds are the comparable number.\n")
+                   f"{res['wall_ratio']:.2f}x{cpu}. Both depend on what else ran on the shared 2-core machine, the CPU "
+                   "seconds too (shared cores and caches): over the finished runs, CPU seconds per step "
+                   + "; ".join(f"{LABELS[a]} {_f(min(v))}-{_f(max(v))}" for a in ENGINES.arm_names()
+                               if (v := [t["cpu_per_step_s"] for t in res["times"][a].values() if t["cpu_per_step_s"]]))
+                   + ".\n")
     if not res["complete"]:
         out.append(f"**Running:** {res['n_done']} of {n_jobs} runs; by the stopping rule no test is computed before "
                    "all have finished.\n")
