@@ -757,7 +757,7 @@ def test_claim7_continued_tuning_joins_the_first_designs_seeds():
 
 @pytest.mark.parametrize("claim, design", [("claim7", "ATTRIBUTION"), ("claim7", "CONTINUED"), ("claim2", "RELEASED"),
                                            ("claim2", "RELEASED_CONTINUED"),
-                                           ("claim7_confirm", "CONFIRM")])
+                                           ("claim7_confirm", "CONFIRM"), ("engines", "ENGINES")])
 def test_declared_designs_export_their_committed_runs_back(tmp_path, claim, design):
     """With no run directory on this machine, exporting a declared design's data file keeps every committed run: the
     file comes back with the same records (the claim-7 designs in the same order)."""
@@ -1019,3 +1019,105 @@ def test_claims3to6_design_analyses_on_synthetic_records():
     o = c.onlyneg(None, runs)
     assert o["seeds"] == [100, 101, 102] and o["diffs"] == pytest.approx([0.01, -0.01, 0.0])
     assert o["verdict"] == "not reproduced" and o["t"]["mean"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_engines_rules_by_hand():
+    """The two-engine design's declared rules (designs/engines.md) on hand-computed numbers: the verdict's paired t,
+    90 % interval and labels, the power, the curve summaries, the step-time ratio, the run order and arguments."""
+    from experiments.protocol.engines import ENGINES
+
+    # diffs 2, -1, 3, 0 points: mean 1, SD sqrt(10/3) = 1.826, t = 1 / (1.826 / 2) = 1.095, df 3; the 90 % interval
+    # 1 -+ t_0.95,3 (2.353363) x 0.9129 = -1.148 .. 3.148 points: inside +-10
+    v = ENGINES.verdict([0.02, -0.01, 0.03, 0.00])
+    assert v["mean"] == pytest.approx(0.01) and v["sd"] == pytest.approx(math.sqrt(10 / 3) / 100)
+    assert v["t"]["t"] == pytest.approx(1.0954451, rel=1e-6)
+    assert v["ci90"] == pytest.approx((0.01 - 2.3533634 * 0.0091287, 0.01 + 2.3533634 * 0.0091287), rel=1e-5)
+    assert v["t"]["p"] > 0.05 and v["verdict"] == "agree within ±10 points"
+    assert v["wilcoxon"]["w_plus"] == 5.0 and v["wilcoxon"]["n"] == 3  # the zero difference is dropped
+    assert ENGINES.verdict([0.20, 0.21, 0.19, 0.22])["verdict"] == "differ"
+    # 20, -10, 15, -5 points: mean 5, SD sqrt(0.065 / 3) = 0.1472, half-width 2.3534 x 0.0736 = 17.3 points
+    wide = ENGINES.verdict([0.20, -0.10, 0.15, -0.05])
+    assert wide["ci90"][0] == pytest.approx(0.05 - 2.3533634 * math.sqrt(0.065 / 3) / 2, rel=1e-6)
+    assert wide["verdict"] == "no difference detected"
+    # power: seed SD 3.546 points -> paired SD sqrt(2) x 3.546 = 5.015; (t_0.975,3 + t_0.8,3) x 5.015 / 2
+    p = ENGINES.power()
+    assert p[0]["sd_diff"] == pytest.approx(0.0501480, rel=1e-5)
+    assert p[0]["mdd"] == pytest.approx((3.1824463 + 0.9784723) * 0.0501480 / 2, rel=1e-5)
+    assert p[1]["mdd"] == pytest.approx((3.1824463 + 0.9784723) * math.sqrt(2) * 0.04932 / 2, rel=1e-5)
+    assert ENGINES.power(3)[0]["mdd"] == pytest.approx((4.3026527 + 1.0606602) * 0.0501480 / math.sqrt(3), rel=1e-5)
+    # steps 1..12: reward step / 10 (mean 0.65), entropy 1 + step / 100 (mean 1.065; last ten, steps 3-12: 1.075)
+    steps = [{"step": t, "reward": t / 10, "entropy": 1 + t / 100} for t in range(12, 0, -1)]
+    c = ENGINES.curve_summary(steps)
+    assert c == pytest.approx({"reward, mean of all steps": 0.65, "entropy, mean of all steps": 1.065,
+                               "entropy, mean of the last 10 steps": 1.075, "entropy at step 1": 1.01})
+    run = {"steps": [{"step": 1, "step_time": 3.0}, {"step": 2, "step_time": 5.0}, {"step": 3, "step_time": 4.0}],
+           "timing": {"train_cpu_s": 30.0, "attempts": 1}}
+    assert ENGINES.step_time(run) == {"wall_median_s": 4.0, "cpu_per_step_s": 10.0}
+    assert ENGINES.step_time(dict(run, timing={"train_cpu_s": 30.0, "attempts": 2}))["cpu_per_step_s"] is None
+    assert ENGINES.ratio([2.0, 8.0], [1.0, 2.0]) == pytest.approx(math.sqrt(8))  # ratios 2 and 4
+    assert ENGINES.jobs()[:3] == [("gtpo", 0), ("trl", 0), ("gtpo", 1)] and len(ENGINES.jobs()) == 8
+    g, t = ENGINES.argv_for("gtpo", 2), ENGINES.argv_for("trl", 2)
+    assert g[:3] == ["--demo", "--seed", "2"] and "--engine" not in g
+    assert t[t.index("--engine") + 1] == "trl" and [a for a in t if a not in ("--engine", "trl")][:-1] == g[:-1]
+
+
+def _engines_data(tmp_path, accs: dict) -> str:
+    """A data file of the two-engine design with hand-made runs: ``accs`` {(arm, seed): accuracy after}; 3 steps each,
+    reward 0.1 / 0.2 / 0.3 (gtpo) or 0.2 / 0.3 / 0.4 (TRL), entropy 0.8, step time 10 s (gtpo) or 20 s (TRL)."""
+    from experiments.protocol.common import write_jsonl_gz
+
+    recs = [{"kind": "before", "arm": a, "accuracy": 0.09, "correct": [], "texts": []} for a in ("gtpo", "trl")]
+    for (arm, seed), acc in accs.items():
+        up = 0.1 if arm == "trl" else 0.0
+        recs.append({"kind": "run", "arm": arm, "seed": seed, "declared_in": "c" * 40, "declared_at": 1000,
+                     "code_commit": "c" * 40, "started_at": 2000.0 + seed, "summary": {},
+                     "timing": {"train_cpu_s": 30.0 * (2 if arm == "trl" else 1), "attempts": 1},
+                     "eval_after": {"accuracy": acc},
+                     "steps": [{"step": t, "reward": t / 10 + up, "entropy": 0.8,
+                                "step_time": 20.0 if arm == "trl" else 10.0} for t in (1, 2, 3)]})
+    path = str(tmp_path / "engines.jsonl.gz")
+    write_jsonl_gz(path, recs)
+    return path
+
+
+def test_engines_section_by_hand(tmp_path):
+    """The report's section on hand-made runs: 'running' with the finished pairs' numbers and no test before every
+    declared run is in; then the per-seed table, the curve and step-time comparisons and the generated verdict."""
+    from experiments.protocol.report import engines as rep
+
+    from experiments.protocol.common import write_jsonl_gz
+
+    smol = str(tmp_path / "smol.jsonl.gz")  # the committed reruns' stand-in: seed 0 the same curve, seed 1 another
+    write_jsonl_gz(smol, [{"kind": "run", "arm": rep.REPRO_ARM, "seed": s, "eval_after": {"accuracy": acc},
+                           "steps": [{"reward/mean": x, "entropy/mean": 0.8} for x in rewards]}
+                          for s, acc, rewards in ((0, 0.40, (0.1, 0.2, 0.3)), (1, 0.325, (0.1, 0.25, 0.3)))])
+    part = _engines_data(tmp_path, {("gtpo", 0): 0.40, ("trl", 0): 0.44, ("gtpo", 1): 0.35})
+    text, res = rep.section(part, use_git=False, smol_path=smol)
+    assert ("seed 0 40.0 % (committed 40.0 %; reward identical at every step, entropy identical at every step); "
+            "seed 1 35.0 % (committed 32.5 %; reward first differs at step 2, entropy identical at every step).") in text
+    assert res["n_done"] == 3 and res["seeds"] == [0] and "primary" not in res
+    assert "**Running:** 3 of 8 runs; by the stopping rule no test is computed" in text
+    assert "| 0 | 40.0 | 44.0 | +4.0 | 10.0 | 20.0 | 10 | 20 |" in text  # 30 and 60 CPU s over 3 steps
+    assert "| 1 | 35.0 | — | — | 10.0 | — | 10 | — |" in text
+    assert "Verdict (the declared rule)" not in text
+    # TRL's reward is 0.1 higher at every step (mean 0.3 vs 0.2), entropy equal; step time 2x, CPU 2x
+    assert "| reward, mean of all steps | 0.2 | 0.3 | +0.100 | n/a |" in text  # one pair: no t-test
+    assert "median wall seconds per step 2.00x; training CPU seconds per step 2.00x (seeds 0)" in text
+    assert "CPU seconds per step gtpo's engine 10-10; TRL's engine (`--engine trl`) 20-20." in text
+    assert "| 3 | 0.3 | 0.4 | 0.8 | 0.8 |" not in text and res["mean_curves"]["trl"][3]["reward"] == pytest.approx(0.4)
+
+    # all four pairs: TRL - gtpo = +4, -2, +1, -3 points: mean 0, SD sqrt(30 / 3) = 3.162 points, t = 0
+    full = _engines_data(tmp_path, {**{("gtpo", s): a for s, a in zip(range(4), (0.40, 0.42, 0.38, 0.41))},
+                                    **{("trl", s): a for s, a in zip(range(4), (0.44, 0.40, 0.39, 0.38))}})
+    text, res = rep.section(full, use_git=False, smol_path=smol)
+    p = res["primary"]
+    assert p["mean"] == pytest.approx(0.0, abs=1e-12) and p["sd"] == pytest.approx(math.sqrt(10) / 100)
+    half = 2.3533634 * math.sqrt(10) / 100 / 2  # 3.72 points
+    assert p["ci90"] == pytest.approx((-half, half), rel=1e-5, abs=1e-9)
+    assert p["verdict"] == "agree within ±10 points"
+    assert "**Verdict (the declared rule): agree within ±10 points.** TRL's engine minus gtpo's engine" in text
+    assert "+0.0 points on 4 paired seeds" in text and "90 % interval -3.7 to +3.7 points" in text
+    assert "W+ = 5" in text  # ranks of |4, 2, 1, 3|: positives 4 and 1 -> 4 + 1 = 5
+    assert "Running" not in text
+    assert res["curve_tests"]["reward, mean of all steps"]["mean"] == pytest.approx(0.1)
+    assert rep.status_row(res)[1].startswith("8 of 8 runs.")

@@ -3,10 +3,10 @@
     python -m experiments.protocol.report            # rewrites docs/results.md and docs/results/protocol/*.png
 
 Every number in the file is computed from the data files by the section modules of this package (one per
-claim: ``claim1``, ``claim2``, ``claim2_optimiser``, ``claims3to6``, ``claim7``, ``claim7_attribution``, ``smol``; the
-claims 3-6 section also writes the README results table's row of those claims); the verdict
-labels are generated (``verdicts``) and the longer readings are the hand-written :data:`prose.VERDICTS` (edit
-them when the data change). This module puts the sections together in the document's order.
+claim: ``claim1``, ``claim2``, ``claim2_optimiser``, ``claims3to6``, ``claim7``, ``claim7_attribution``,
+``claim7_confirm``, ``smol``, ``engines``; the claims 3-6 section also writes the README results table's row of
+those claims); the verdict labels are generated (``verdicts``) and the longer readings are the hand-written
+:data:`prose.VERDICTS` (edit them when the data change). This module puts the sections together in the document's order.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..claim7 import ATTRIBUTION, CONTINUED, FIRST
 from ..common import DATA
 from ..declare import describe
 from ..smol import DEFAULT_ARM
-from . import claim2_optimiser, claim7_attribution, claim7_confirm, claims3to6, tables, verdicts
+from . import claim2_optimiser, claim7_attribution, claim7_confirm, claims3to6, engines, tables, verdicts
 from .claim1 import fig_onestep, load_onestep, onestep_section
 from .claim2 import STRESS_FILES, STRESS_LABELS, _stress_design, fig_stress, stress_section
 from .claim7 import C7_LABELS, claim7_section, fig_claim7
@@ -100,6 +100,7 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
     c7b_txt, c7b_res = claim7_attribution.section()
     c7c_txt, c7c_res = claim7_confirm.section(c7b_res)
     c36_txt, c36_res = claims3to6.section(c7b_res)
+    eng_txt, eng_res = engines.section()
     opt_txt, opt_res = claim2_optimiser.section("b")
     opt_c_txt, opt_c_res = claim2_optimiser.section("c")
     if opt_c_res:
@@ -127,7 +128,7 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
         "claims (see issue 16), are kept in [results-suite.md](results-suite.md).\n",
         "## Where the protocol stands\n",
         table(["protocol item", "state", "raw data"], _status_rows(onestep, smol_res, stress_res, stress_b_res, c7_res, default_arm)
-              + _new_design_rows(c7b_res, opt_res, opt_c_res) + [claim7_confirm.status_row(c7c_res)]
+              + _new_design_rows(c7b_res, opt_res, opt_c_res) + [claim7_confirm.status_row(c7c_res), engines.status_row(eng_res)]
               + (claims3to6.status_rows(c36_res) if c36_res.get("verdicts") else [])) + "\n",
         status,
         "## Claim 1: GRPO pushes down tokens shared by positive and negative completions; GTPO protects them\n",
@@ -162,6 +163,9 @@ def write_results(default_arm: str = DEFAULT_ARM) -> str:
               "## SmolLM2-135M on the default task\n", VERDICTS.get("smol", ""), smol_txt if smol_res else "(no runs yet)\n"]
     if figs.get("smol"):
         parts.append(f"![default task]({figs['smol']})\n")
+    parts += ["## The two engines on a real run (declared, issue 45 item 4)\n", eng_txt]
+    if (fig := engines.fig_engines()):
+        parts.append(f"![the two engines, reward and entropy per step]({fig})\n")
     parts += ["## What would need a GPU\n", VERDICTS.get("gpu", "")]
     text = "\n".join(p for p in parts if p)
     tmp = tables.DOCS_MD + ".tmp"
