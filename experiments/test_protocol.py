@@ -776,6 +776,48 @@ def test_declared_designs_export_their_committed_runs_back(tmp_path, claim, desi
         assert back == committed
 
 
+@pytest.mark.parametrize("claim, design", [("claim7_confirm", "CONFIRM"), ("engines", "ENGINES"),
+                                           ("claim4", "HORIZON"), ("claim5", "ONLYNEG")])
+def test_declared_design_workers_skip_committed_runs(tmp_path, monkeypatch, claim, design):
+    """The one worker loop (common.Design.work_loop) on a fresh machine: every run in the committed data file is
+    skipped (not run again), a job another live worker holds is skipped, the others run in jobs() order with their
+    lock held, and a STOP file ends the worker before its next job."""
+    import dataclasses
+    import importlib
+    import shutil
+
+    from experiments.protocol.common import read_jsonl_gz, write_jsonl_gz
+
+    mod = importlib.import_module(f"experiments.protocol.{claim}")
+    d0 = getattr(mod, design)
+    data = str(tmp_path / "data.jsonl.gz")
+    if os.path.isfile(d0.data):
+        shutil.copy(d0.data, data)
+    d = dataclasses.replace(d0, data=data, runs=str(tmp_path / "runs"))
+    jobs = d.jobs()
+    if not d.committed():  # a design with no committed run yet: commit its first job
+        write_jsonl_gz(data, [{"kind": "final", "arm": jobs[0][0], "seed": jobs[0][1], "started_at": 1.0}])
+    committed = d.committed()
+    assert committed and committed == {(r["arm"], r["seed"]) for r in read_jsonl_gz(data) if "started_at" in r}
+    left = [j for j in jobs if j not in committed]
+    held = left[0]  # another worker (this test's parent process, alive) runs it
+    os.makedirs(os.path.dirname(d.run_dir(*held)), exist_ok=True)
+    open(d.run_dir(*held) + ".lock", "w").write(str(os.getppid()))
+    ran = []
+
+    def run_job(self, arm, seed):
+        assert os.path.isfile(self.run_dir(arm, seed) + ".lock")
+        ran.append((arm, seed))
+        if len(ran) == 2:
+            open(os.path.join(self.runs, "STOP"), "w").close()
+
+    monkeypatch.setattr(type(d), "run_job", run_job)
+    monkeypatch.setattr(type(d), "done", lambda self, arm, seed: (arm, seed) in ran)
+    d.work_loop()
+    assert ran == left[1:3] and not set(ran) & committed
+    assert not any(os.path.exists(d.run_dir(*j) + ".lock") for j in ran)
+
+
 def test_exact_half_ranks_and_medians_print_exactly():
     """W+ with tied ranks and medians of integers print their exact value (issue 45 item 3), never rounded
     half-to-even (Python's f"{75.5:.0f}" is "76", f"{12.5:.0f}" is "12")."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from .claim2 import collapse_step
 from .claim7 import GREEDY, NOTHING_LEARNED, _eval_file, _record, base_argv
 from .claim7_confirm import CONFIRM, CONFIRM_START
-from .common import DATA, ROOT, RUNS, Design, read_jsonl_gz, setup_env, take_lock, write_json, write_jsonl_gz
+from .common import DATA, ROOT, RUNS, Design, read_jsonl_gz, setup_env, write_json, write_jsonl_gz
 
 MODULE = "experiments/protocol/claim4.py"
 LN2 = math.log(2.0)
@@ -104,8 +104,10 @@ class Horizon(Design):
         while the GTPO run has not finished."""
         if seed == self.check_seed:
             return True
-        if not self.done(self.filter_arm, seed):
-            return None
+        if not self.done(self.filter_arm, seed):  # finished and committed elsewhere: its exported steps decide
+            rec = next((r for r in (read_jsonl_gz(self.data) if os.path.isfile(self.data) else [])
+                        if r.get("arm") == self.filter_arm and r.get("seed") == seed and "steps" in r), None)
+            return None if rec is None else self.acted(rec["steps"])
         from .tinyruns import step_metrics
 
         return self.acted(step_metrics(self.run_dir(self.filter_arm, seed)))
@@ -149,27 +151,10 @@ class Horizon(Design):
                 self.score(d, split, t)
 
     def work(self) -> None:
-        """One worker (two at most): run or resume every job not done, skipping those another worker holds; a STOP
-        file in ``runs`` ends it after the current job."""
+        """One worker (:meth:`common.Design.work_loop`, two at most): runs or resumes every job neither done nor in the
+        committed data file, skipping those another worker holds; a STOP file in ``runs`` ends it before its next job."""
         CONFIRM.unpack()
-        while True:
-            for arm, seed in self.jobs():
-                if self.done(arm, seed):
-                    continue
-                if os.path.exists(os.path.join(self.runs, "STOP")):
-                    return
-                d = self.run_dir(arm, seed)
-                os.makedirs(os.path.dirname(d), exist_ok=True)
-                lock = d + ".lock"
-                if not take_lock(lock):
-                    continue
-                try:
-                    self.run_job(arm, seed)
-                finally:
-                    os.remove(lock)
-                break
-            else:
-                return
+        self.work_loop()
 
     def export(self, out: str | None = None) -> str:
         """The data file: the start record (the archive's digest), then every finished run; committed runs whose

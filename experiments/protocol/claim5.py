@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .common import DATA, ROOT, RUNS, Design, cpu_seconds, read_jsonl, read_jsonl_gz, setup_env, take_lock, write_json, write_jsonl_gz
+from .common import DATA, ROOT, RUNS, Design, cpu_seconds, read_jsonl, read_jsonl_gz, setup_env, write_json, write_jsonl_gz
 
 MODULE = "experiments/protocol/claim5.py"
 
@@ -98,26 +98,9 @@ class OnlyNeg(Design):
                                                     "argv": self.argv_for(arm, seed)})
 
     def work(self) -> None:
-        """One worker (two at most): run every job not done, skipping those another worker holds; a STOP file in
-        ``runs`` ends it after the current job."""
-        while True:
-            for arm, seed in self.jobs():
-                if self.done(arm, seed):
-                    continue
-                if os.path.exists(os.path.join(self.runs, "STOP")):
-                    return
-                d = self.run_dir(arm, seed)
-                os.makedirs(os.path.dirname(d), exist_ok=True)
-                lock = d + ".lock"
-                if not take_lock(lock):
-                    continue
-                try:
-                    self.run_job(arm, seed)
-                finally:
-                    os.remove(lock)
-                break
-            else:
-                return
+        """One worker (:meth:`common.Design.work_loop`, two at most): runs or resumes every job neither done nor in the
+        committed data file, skipping those another worker holds; a STOP file in ``runs`` ends it before its next job."""
+        self.work_loop()
 
     def export(self, out: str | None = None) -> str:
         """The data file: every finished run (its stamp, arguments, summary, timing, per-problem evaluation and every

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 
 from .claim7 import ATTRIBUTION, GREEDY, NOTHING_LEARNED, _eval_file, _record, base_argv
-from .common import DATA, ROOT, RUNS, Design, read_jsonl_gz, setup_env, take_lock, write_json, write_jsonl_gz
+from .common import DATA, ROOT, RUNS, Design, read_jsonl_gz, setup_env, write_json, write_jsonl_gz
 from .startmodels import START, build_claim7
 
 MODULE = "experiments/protocol/claim7_confirm.py"
@@ -235,27 +235,10 @@ class Confirm(Design):
         return CONFIRM_START
 
     def work(self) -> None:
-        """One worker (run two at most): run or resume every job not done, skipping those another worker holds;
-        a STOP file in ``runs`` ends it after the current job."""
+        """One worker (:meth:`common.Design.work_loop`, two at most): runs or resumes every job neither done nor in the
+        committed data file, skipping those another worker holds; a STOP file in ``runs`` ends it before its next job."""
         self.unpack()
-        while True:
-            for arm, seed in self.jobs():
-                if self.done(arm, seed):
-                    continue
-                if os.path.exists(os.path.join(self.runs, "STOP")):
-                    return
-                d = self.run_dir(arm, seed)
-                os.makedirs(os.path.dirname(d), exist_ok=True)
-                lock = d + ".lock"
-                if not take_lock(lock):
-                    continue
-                try:
-                    self.run_job(arm, seed)
-                finally:
-                    os.remove(lock)
-                break
-            else:
-                return
+        self.work_loop()
 
     def export(self, out: str | None = None) -> str:
         """The data file: the start record (the archive's digest), then every finished run; committed runs whose

@@ -41,6 +41,42 @@ class Design:
         with open(os.path.join(DESIGNS, self.text), encoding="utf-8") as f:
             return f.read()
 
+    # The subclasses define jobs() -> [(arm, seed)], done(arm, seed) -> bool, run_dir(arm, seed) -> str and
+    # run_job(arm, seed); the worker loop below is the same for all of them.
+    def committed(self) -> set[tuple[str, int]]:
+        """(arm, seed) of every run in the committed data file: finished (on this machine or another one) and
+        exported, so not run again."""
+        if not os.path.isfile(self.data):
+            return set()
+        return {(r["arm"], int(r["seed"])) for r in read_jsonl_gz(self.data)
+                if "started_at" in r and "arm" in r and "seed" in r}
+
+    def work_loop(self) -> None:
+        """One worker (two at most run side by side): the first job in :meth:`jobs` order that is neither done in
+        its folder nor in the committed data file and that no other worker holds (a lock file beside its folder,
+        :func:`take_lock`) is run or resumed; then the jobs are listed again (a design's jobs may depend on
+        finished runs), until none is left to take. A ``STOP`` file in ``runs`` ends the worker before its next
+        job."""
+        committed = self.committed()
+        while True:
+            for arm, seed in self.jobs():
+                if (arm, seed) in committed or self.done(arm, seed):
+                    continue
+                if os.path.exists(os.path.join(self.runs, "STOP")):
+                    return
+                d = self.run_dir(arm, seed)
+                os.makedirs(os.path.dirname(d), exist_ok=True)
+                lock = d + ".lock"
+                if not take_lock(lock):
+                    continue
+                try:
+                    self.run_job(arm, seed)
+                finally:
+                    os.remove(lock)
+                break
+            else:
+                return
+
 
 def setup_env(threads: int = 1) -> None:
     """Offline, one torch thread (the machine is shared)."""

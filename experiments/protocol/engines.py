@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .common import DATA, ROOT, RUNS, Design, cpu_seconds, now, read_jsonl, read_jsonl_gz, setup_env, take_lock, \
+from .common import DATA, ROOT, RUNS, Design, cpu_seconds, now, read_jsonl, read_jsonl_gz, setup_env, \
     write_json, write_jsonl_gz
 
 MODULE = "experiments/protocol/engines.py"
@@ -190,23 +190,10 @@ class Engines(Design):
         print(f"[engines] {now()} {arm} seed {seed}: done in {(time.time() - t0) / 60:.1f} min", flush=True)
 
     def work(self) -> None:
-        """One worker: run or resume every job not done in :meth:`jobs` order, skipping one another worker holds; a
-        STOP file in ``runs`` ends it after the current run."""
+        """One worker (:meth:`common.Design.work_loop`, two at most): runs or resumes every job neither done nor in the
+        committed data file, skipping those another worker holds; a STOP file in ``runs`` ends it before its next job."""
         setup_env(self.threads)
-        for arm, seed in self.jobs():
-            if self.done(arm, seed):
-                continue
-            if os.path.exists(os.path.join(self.runs, "STOP")):
-                return
-            d = self.run_dir(arm, seed)
-            os.makedirs(os.path.dirname(d), exist_ok=True)
-            lock = d + ".lock"
-            if not take_lock(lock):
-                continue
-            try:
-                self.run_job(arm, seed)
-            finally:
-                os.remove(lock)
+        self.work_loop()
 
     @staticmethod
     def steps_of(d: str) -> list[dict]:
