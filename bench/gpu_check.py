@@ -928,9 +928,11 @@ def bf16_learning(ctx: Ctx) -> dict:
     # (3) gradient cosine, bf16 against float32, the same fixed batch
     g32, g16 = _gradient(ctx, path, "float32", "grad-fp32"), _gradient(ctx, path, "bfloat16", "grad-bf16")
     names = sorted(set(g32) & set(g16))
-    a = torch.cat([g32[n].flatten() for n in names])
-    b = torch.cat([g16[n].flatten() for n in names])
-    cosine = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+    # in float64: torch's float32 cosine_similarity printed 1.028 on the H200 run of 2026-12-04, impossible for a
+    # cosine (its float32 reductions over ~10^8 entries; on a CPU 6e7 entries whose float64 cosine is 0.99995 give 1.0027)
+    a = torch.cat([g32[n].flatten() for n in names]).double()
+    b = torch.cat([g16[n].flatten() for n in names]).double()
+    cosine = float(a @ b / (a.norm() * b.norm()).clamp_min(1e-300))
     out = {"lr": 1e-6, "master_dtype": master, "moved_share": moved / total, "moved_share_in_bf16": moved_bf16 / total,
            "fixed_batch_margin": fixed, "margin_gain_fp32": gain32, "margin_gain_bf16": gain16,
            "token_reward": rewards, "token_reward_slope": slope, "token_reward_slope_p": slope_p,
