@@ -78,6 +78,19 @@ def named_field(message, spec):
 
 
 # ----------------------------------------------------------------------------- configs
+@pytest.mark.parametrize("spec, named", [
+    ({"generation_batch_size": None, "group_size": [None]}, "group_size"),  # was a TypeError
+    ({"generation_batch_size": 8, "group_size": 3}, "generation_batch_size"),  # named neither field
+    ({"per_device_train_batch_size": "8"}, "per_device_train_batch_size"),
+    ({"gradient_accumulation_steps": 0, "num_generations": 4}, "gradient_accumulation_steps"),
+])
+def test_trl_batch_with_gtpo_names_names_the_field(spec, named):
+    # found by the fuzz test below: TRL's batch fields beside gtpo's group_size
+    with pytest.raises(ConfigError) as err:
+        split_spec(spec, source="fuzz.yaml")
+    assert str(err.value).startswith("fuzz.yaml: ") and named in named_field(str(err.value), spec), str(err.value)
+
+
 @FUZZ
 @given(spec=config_specs)
 def test_random_yaml_config_is_valid_or_names_the_field(spec):

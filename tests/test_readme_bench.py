@@ -24,11 +24,13 @@ QUICK = {
     "default_dtype.py": ["--steps", "1", "--warmup", "0", "--max-completion-length", "4", "--prompts", "1", "--group",
                          "2"],
     "decode_loop.py": ["--settings", "tiny", "--rounds", "1"],
+    "gpu_check.py": ["--cpu", "--quick"],  # a GPU's parts on toy sizes (the README quotes what a GPU measured)
 }
 #: what each prints at the end of a complete run
 SUMMARY = {"trainer_vs_trl.py": r"step time ours/TRL, GTPO mode", "gtpo_overhead.py": r"GTPO overhead",
            "default_dtype.py": r"bfloat16 / float32 \(median of paired ratios\)",
-           "decode_loop.py": r"loop-compiled / loop: \S+ \(median of paired wall ratios\)"}
+           "decode_loop.py": r"loop-compiled / loop: \S+ \(median of paired wall ratios\)",
+           "gpu_check.py": r"parts: .*passed"}
 
 
 def readme_bench_commands() -> list[str]:

@@ -179,6 +179,12 @@ def _datasets(spec: dict[str, Any], take, put, engine: str) -> None:
         spec["eval_dataset"] = {**dataset, "split": test_split}
 
 
+def _whole(key: str, value, where) -> None:
+    """A batch size or count of ``key``: a whole number >= 1, else a ConfigError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{where(key)}: {key} must be a whole number >= 1, got {value!r}")
+
+
 def _trl_batch_on_gtpo_engine(spec: dict[str, Any], take, where) -> None:
     """TRL's batch on gtpo's trainer: an optimizer step of TRL's takes ``per_device_train_batch_size x
     gradient_accumulation_steps x processes`` completions from one generation (``steps_per_generation`` =
@@ -191,6 +197,8 @@ def _trl_batch_on_gtpo_engine(spec: dict[str, Any], take, where) -> None:
         return
     per_device = take("per_device_train_batch_size", 8)  # GRPOConfig's default
     accumulation = take("gradient_accumulation_steps", 1)
+    _whole("per_device_train_batch_size", per_device, where)
+    _whole("gradient_accumulation_steps", accumulation, where)
     steps = take("steps_per_generation", None)
     if steps not in (None, accumulation):
         raise ConfigError(f"{where('steps_per_generation')}: steps_per_generation ({steps}) other than "
@@ -211,10 +219,13 @@ def _trl_batch_on_gtpo_engine(spec: dict[str, Any], take, where) -> None:
         if key in spec:
             raise ConfigError(f"{where(given[0])}: set either TRL's batch ({', '.join(given)}) or gtpo's ({key}), "
                               "not both; or set `engine: trl` (--engine trl) to train on TRL's engine with TRL's batch")
-    group = spec.get("group_size") or spec.get("num_generations") or 8  # both trainers' default G is 8
+    group_key = next((k for k in ("group_size", "num_generations") if spec.get(k) is not None), None)
+    group = spec[group_key] if group_key else 8  # both trainers' default G is 8
+    if group_key:
+        _whole(group_key, group, where)
     if completions % group:
-        raise ConfigError(f"{where(given[0])}: TRL's batch ({completions} completions per step: "
+        raise ConfigError(f"{where(given[0])}: TRL's batch ({', '.join(given)}: {completions} completions per step, "
                           f"per_device_train_batch_size x gradient_accumulation_steps x processes) must be a multiple "
-                          f"of num_generations ({group}), as in TRL")
+                          f"of {group_key or 'num_generations'} ({group}), as in TRL")
     spec["prompts_per_step"] = completions // group
     spec["micro_batch_size"] = per_device
