@@ -44,11 +44,10 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # (measured, other agents' load ~3: test_trainer_step + test_checkpoint + test_low_precision 30.4 -> 22.2 s, 17.4 ->
 # 12.2 s CPU; test_journeys + test_decode_syncs + test_fast_paths 120 -> 73.6 s, 75.8 -> 45.6 s CPU). A caller's
 # OMP_NUM_THREADS is kept.
-# Two pytest-xdist workers, one test file each at a time (--dist loadfile: a file's module fixtures are built once):
-# the suite is one process per test otherwise, and the second core idles once the background builds end.
+# One pytest process: two pytest-xdist workers (-n 2 --dist loadfile) measured slower, 1323 s against 817 s for the
+# main suite in a fresh clone (issue 46; docs/performance.md).
 OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" \
-  python -m pytest -q -n "${PYTEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"   # the 25 slowest listed; testpaths
-  # (pyproject.toml): tests/, experiments/
+  python -m pytest -q --durations=25 "$@"   # the 25 slowest tests listed; testpaths (pyproject.toml): tests/, experiments/
 deactivate
 installed() {  # wait for a background venv build; on failure print its log and fail
   wait "$1" || { cat "$logs/$2.log" >&2; echo "scripts/test.sh: building the $2 venv failed" >&2; exit 1; }
