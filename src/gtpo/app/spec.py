@@ -72,7 +72,8 @@ class RunSpec:
     :class:`~gtpo.errors.ConfigValueError` naming the key (``field``). ``None`` accepted where a key is optional."""
 
     model: str | None = _key(
-        None, "Hub id, local directory, .gguf file, or 'smollm2-135m-instruct' (the offline SmolLM2 GGUF).",
+        None, "Hub id, local directory, .gguf file, or 'smollm2-135m-instruct' (the offline SmolLM2 GGUF). A GGUF is "
+        "converted once into a plain model directory under ~/.cache/gtpo ($GTPO_CACHE), which later runs load.",
         "PATH|HUB_ID", "a hub id, a local path or a .gguf file (a string)", _is_str)
     dataset: str | dict[str, Any] | None = _key(
         None, "Training data: a task name (gsm8k, math, a reasoning-gym task, ...) or a local file, or a mapping "
