@@ -795,6 +795,8 @@ def test_declared_design_workers_skip_committed_runs(tmp_path, monkeypatch, clai
         shutil.copy(d0.data, data)
     d = dataclasses.replace(d0, data=data, runs=str(tmp_path / "runs"))
     jobs = d.jobs()
+    if len(set(jobs) - d.committed()) < 3:  # a finished design: its last 3 jobs taken out of the copy
+        write_jsonl_gz(data, [r for r in read_jsonl_gz(data) if (r.get("arm"), r.get("seed")) not in set(jobs[-3:])])
     if not d.committed():  # a design with no committed run yet: commit its first job
         write_jsonl_gz(data, [{"kind": "final", "arm": jobs[0][0], "seed": jobs[0][1], "started_at": 1.0}])
     committed = d.committed()
@@ -895,6 +897,33 @@ def test_claim7_confirm_analysis_by_hand():
     assert res["verdict"] == CONFIRM.verdict(res["primary"]["wilcoxon"]["p"], res["primary"]["mean"],
                                              res[("grpo_masks", "grpo", "1.0")]["wilcoxon"]["p"],
                                              res[("grpo_masks", "grpo", "1.0")]["mean"])
+
+
+def test_claim7_confirm_descriptive_measures_by_hand():
+    """The declared descriptive table: each arm's mean of greedy pass@1, pass@8 and maj@8 at both temperatures and
+    the entropy of the last 10 % of the steps, and each arm minus GRPO paired over the seeds."""
+    from experiments.protocol.report import claim7_confirm
+
+    def run(arm, seed, base, entropy):
+        metrics = {"pass@1": base, "pass@8": base + 0.5, "maj@8": base + 0.1}
+        steps = [{"entropy/mean": 9.0}] * 18 + [{"entropy/mean": entropy}, {"entropy/mean": entropy + 0.2}]
+        return {"kind": "final", "arm": arm, "seed": seed, "steps": steps,
+                **{n: {"metrics": metrics} for n in ("heldout_t0", "heldout_t1", "heldout_t0.6")}}
+
+    runs = [run("grpo", s, 0.30 + 0.01 * s, 0.5) for s in range(3)]
+    runs += [run("grpo_masks", s, 0.30 + 0.01 * s + 0.02 * (s + 1), 0.3) for s in range(3)]
+    runs += [run("gtpo", s, 0.30, 0.5) for s in range(3)]
+    rows = {r["label"]: r for r in claim7_confirm.descriptive(runs)}
+    greedy, ent = rows["held-out pass@1, greedy"], rows["token entropy, last 10 % of steps"]
+    assert greedy["means"] == pytest.approx({"grpo": 0.31, "grpo_masks": 0.35, "gtpo": 0.30}, abs=1e-12)
+    assert greedy["grpo_masks"]["mean"] == pytest.approx(0.04, abs=1e-12)  # differences 0.02, 0.04, 0.06
+    assert greedy["gtpo"]["mean"] == pytest.approx(-0.01, abs=1e-12)  # 0, -0.01, -0.02
+    assert greedy["grpo_masks"]["p"] == pytest.approx(0.25)  # exact Wilcoxon, 3 positive differences: 2 / 2^3
+    assert rows["held-out pass@8, T=1"]["means"]["grpo"] == pytest.approx(0.81, abs=1e-12)
+    assert rows["held-out maj@8, T=0.6"]["means"]["grpo_masks"] == pytest.approx(0.45, abs=1e-12)
+    # the last 10 % of 20 steps: the last 2 (entropy, entropy + 0.2)
+    assert ent["means"] == pytest.approx({"grpo": 0.6, "grpo_masks": 0.4, "gtpo": 0.6}, abs=1e-12)
+    assert ent["grpo_masks"]["mean"] == pytest.approx(-0.2, abs=1e-12)
 
 
 def test_claim7_confirm_task_splits_written_and_checked(tmp_path, monkeypatch):

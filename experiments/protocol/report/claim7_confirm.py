@@ -65,6 +65,37 @@ def analyse(runs: list[dict]) -> dict:
     return res
 
 
+#: the declared descriptive measures (design: "Greedy, pass@8 and maj@8 differences, and the final token entropy per
+#: arm, are reported descriptively"): (label, eval name or None for the entropy, metric)
+DESCRIPTIVE = (("held-out pass@1, greedy", "heldout_t0", "pass@1"),
+               ("held-out pass@8, T=1", "heldout_t1", "pass@8"), ("held-out pass@8, T=0.6", "heldout_t0.6", "pass@8"),
+               ("held-out maj@8, T=1", "heldout_t1", "maj@8"), ("held-out maj@8, T=0.6", "heldout_t0.6", "maj@8"),
+               ("token entropy, last 10 % of steps", None, "entropy/mean"))
+
+
+def _measure(run: dict, name: str | None, metric: str) -> float:
+    if name is None:  # the mean token entropy of the last 10 % of the steps (as in the attribution's tables)
+        steps = run["steps"]
+        return statistics.mean(s[metric] for s in steps[-max(1, len(steps) // 10):])
+    return run[name]["metrics"][metric]
+
+
+def descriptive(runs: list[dict]) -> list[dict]:
+    """Per declared descriptive measure: each arm's mean over its seeds, and GRPO + masks and GTPO each minus GRPO
+    paired over the seeds (mean, Wilcoxon p; uncorrected, not tests of the design)."""
+    by = {(r["arm"], r["seed"]): r for r in runs}
+    seeds = sorted({r["seed"] for r in runs})
+    out = []
+    for lab, name, metric in DESCRIPTIVE:
+        val = {a: {s: _measure(by[(a, s)], name, metric) for s in seeds if (a, s) in by} for a in CONFIRM.arms}
+        row = {"label": lab, "means": {a: statistics.mean(v.values()) for a, v in val.items()}}
+        for a in ("grpo_masks", "gtpo"):
+            d = [val[a][s] - val["grpo"][s] for s in seeds if s in val[a] and s in val["grpo"]]
+            row[a] = {"mean": statistics.mean(d), "p": stats.wilcoxon_signed_rank(d)["p"]}
+        out.append(row)
+    return out
+
+
 def _cmp(c: dict, alpha: float) -> str:
     return (f"{100 * c['mean']:+.2f} points on {c['n']} seeds (Wilcoxon W+ = {fmt_half(c['wilcoxon']['w_plus'])}, "
             f"p = {fmt_p(c['wilcoxon']['p'])}; paired t p = {fmt_p(c['t']['p'])}; MDD {100 * c['mdd']:.2f} at α = {alpha:g})")
@@ -106,7 +137,13 @@ def section(attr_res: dict) -> tuple[str, dict]:
     out.append("**Mean pass@1 % per evaluation** (32 seeds; temperature 0 = greedy):\n")
     out.append(table(["arm"] + [f"{s} T={t:g}" for s, t in CONFIRM.evals()] + ["chosen T (tuning split)"], rows) + "\n")
     a, b = CONFIRM.primary
-    text = (f"**Verdict (the declared rule): {res['verdict']}.** Primary, {LABELS[a]} − {LABELS[b]} on held-out "
+    pr, t1 = res["primary"], res[(a, b, "1.0")]
+    temps = " and ".join(sorted({"greedy" if res["chosen"][x] == 0 else f"T={res['chosen'][x]:g}" for x in (a, b)}))
+    short = (f"{res['verdict']}: on {pr['n']} fresh seeds (tiny model, lr {ATTRIBUTION.lr:g}) {LABELS[a]} − {LABELS[b]} "
+             f"{100 * pr['mean']:+.2f} points of held-out pass@1 with each arm at its tuning-split temperature "
+             f"({temps}; Wilcoxon p = {fmt_p(pr['wilcoxon']['p'])}), {100 * t1['mean']:+.2f} at temperature 1 "
+             f"(p = {fmt_p(t1['wilcoxon']['p'])})")
+    text = (f"**Verdict (the declared rule): {short}.** Primary, {LABELS[a]} − {LABELS[b]} on held-out "
             f"pass@1, each at its chosen temperature ({res['chosen'][a]:g} and {res['chosen'][b]:g}): "
             + _cmp(res["primary"], CONFIRM.alpha) + ". Secondary (α = "
             f"{CONFIRM.alpha_secondary:g} each): the same at temperature 1.0 " + _cmp(res[(a, b, "1.0")], CONFIRM.alpha_secondary)
@@ -114,6 +151,17 @@ def section(attr_res: dict) -> tuple[str, dict]:
             + _cmp(res[("gtpo", "grpo", "chosen")], CONFIRM.alpha_secondary) + ".\n")
     res["verdict_text"] = text
     out.append(text)
+    res["descriptive"] = desc = descriptive(runs)
+    out.append("**Descriptive** (declared as such: paired over the seeds, Wilcoxon p uncorrected, not tests of the "
+               "design; pass@8 and maj@8 from the 8 samples per problem; entropy: mean token entropy of the last 15 "
+               "of the 150 training steps, nats):\n")
+    scale = {lab: (1.0 if name is None else 100.0) for lab, name, _ in DESCRIPTIVE}
+    fmt = {lab: ("{:.3f}" if name is None else "{:.1f}") for lab, name, _ in DESCRIPTIVE}
+    out.append(table(["measure", *(LABELS[x] for x in CONFIRM.arms), f"{LABELS[a]} − {LABELS[b]} (p)",
+                      f"{LABELS['gtpo']} − {LABELS['grpo']} (p)"],
+                     [[r["label"], *(fmt[r["label"]].format(scale[r["label"]] * r["means"][x]) for x in CONFIRM.arms),
+                       *(f"{scale[r['label']] * r[x]['mean']:+.{3 if scale[r['label']] == 1 else 2}f} "
+                         f"({fmt_p(r[x]['p'])})" for x in ("grpo_masks", "gtpo"))] for r in desc]) + "\n")
     return "\n".join(out), res
 
 
