@@ -119,11 +119,17 @@ def build_bench_model(path: str, *, hidden_size: int = 256, num_layers: int = 4,
     marker = os.path.join(path, "bench_model.json")
     spec = dict(hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, vocab_size=vocab_size,
                 completion_length=completion_length, seed=seed)
-    if os.path.isfile(marker):
-        with open(marker) as fh:
-            if json.load(fh) == spec:
-                return path
-    os.makedirs(path, exist_ok=True)
+    def built() -> bool:
+        if os.path.isfile(marker):
+            with open(marker) as fh:
+                return json.load(fh) == spec
+        return False
+
+    if built():
+        return path
+    final, parent = path, os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    path = tempfile.mkdtemp(prefix=".building-", dir=parent)  # renamed into place when complete (two test workers)
     tok = build_tiny_tokenizer(vocab_size=min(vocab_size, 512), eos_equals_pad=True, seed=seed)
     if len(tok) < vocab_size:
         tok.add_tokens([f"<|x{i}|>" for i in range(vocab_size - len(tok))])
@@ -141,9 +147,32 @@ def build_bench_model(path: str, *, hidden_size: int = 256, num_layers: int = 4,
     )
     model.save_pretrained(path)
     tok.save_pretrained(path)
-    with open(marker, "w") as fh:
+    with open(os.path.join(path, "bench_model.json"), "w") as fh:
         json.dump(spec, fh)
-    return path
+    _move_into_place(path, final, built)
+    return final
+
+
+def _move_into_place(tmp: str, final: str, complete) -> None:
+    """Rename the finished directory ``tmp`` to ``final``: where ``final`` exists, keep it when ``complete()`` (another
+    process finished the same first) and replace it otherwise (an older build)."""
+    import shutil
+
+    try:
+        os.replace(tmp, final)
+        return
+    except OSError:
+        pass
+    if complete():
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    shutil.rmtree(final, ignore_errors=True)
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not complete():
+            raise
 
 
 def bench_model(spec: dict) -> str:
@@ -415,18 +444,22 @@ def smollm2_model(completion_length: int | None = None) -> str:
         raise SystemExit("gtpo's model cache is not writable; set GTPO_CACHE to a writable directory")
     if completion_length is None:
         return base
-    path = os.path.join(cache_root(), f"{os.path.basename(base)}-t{completion_length}")
-    os.makedirs(path, exist_ok=True)
+    final = os.path.join(cache_root(), f"{os.path.basename(base)}-t{completion_length}")
+    done = os.path.join(final, "generation_config.json")
+    if os.path.isfile(done):
+        return final
+    os.makedirs(cache_root(), exist_ok=True)
+    path = tempfile.mkdtemp(prefix=".building-", dir=cache_root())
     for name in os.listdir(base):
-        link = os.path.join(path, name)
-        if name != "generation_config.json" and not os.path.lexists(link):
-            os.symlink(os.path.join(base, name), link)
+        if name != "generation_config.json":
+            os.symlink(os.path.join(base, name), os.path.join(path, name))
     from transformers import GenerationConfig
 
     gen = GenerationConfig.from_pretrained(base)
     gen.min_new_tokens = gen.max_new_tokens = completion_length
     gen.save_pretrained(path)
-    return path
+    _move_into_place(path, final, lambda: os.path.isfile(done))
+    return final
 
 
 def default_task_prompts(n: int, split: str = "train") -> list:

@@ -67,6 +67,7 @@ def _shares(log: str) -> list[tuple[int, int, int, int, int]]:
 
 
 @pytest.mark.slow
+@pytest.mark.launch
 def test_two_processes_measure_what_one_measures_each_its_share(tiny_model_path, tmp_path):
     """The before/after accuracy and the `eval_steps` metrics of a 2-process run equal a 1-process run's on the same
     data (greedy), and each process decoded and scored half of the 10 held-out problems at every evaluation."""
@@ -96,6 +97,7 @@ def test_two_processes_measure_what_one_measures_each_its_share(tiny_model_path,
 
 
 @pytest.mark.slow
+@pytest.mark.launch
 @pytest.mark.parametrize("engine", ["gtpo", "trl"])
 def test_an_evaluation_longer_than_the_process_group_timeout_does_not_abort_the_run(tiny_model_path, tmp_path,
                                                                                     engine):

@@ -39,6 +39,7 @@ def test_accelerate_config_is_a_file_or_one_of_trls_configs(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.launch
 def test_a_yaml_with_an_accelerate_config_trains_on_two_processes(tiny_model_path, tmp_path):
     """`gtpo train --config run.yaml` where run.yaml names the repository's two-process CPU config: two processes
     train (run_config's num_processes), metrics and checkpoints are written once."""

@@ -544,6 +544,7 @@ def launch(num_processes, model_dir, out):
 
 
 @pytest.mark.slow
+@pytest.mark.launch
 def test_two_processes_with_groups_spanning_them_match_one_process(tiny_model_path, tmp_path):
     one = launch(1, tiny_model_path, str(tmp_path / "one"))
     two = launch(2, tiny_model_path, str(tmp_path / "two"))
