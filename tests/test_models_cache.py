@@ -69,7 +69,9 @@ def test_a_changed_gguf_is_converted_again(fake_gguf):
     path.write_bytes(b"GGUF, another version")
     models.load_tokenizer(str(path))
     assert loads == {"model": 2, "tokenizer": 2}
-    assert len(os.listdir(os.path.join(os.environ["GTPO_CACHE"], "gguf"))) == 2
+    (kept,) = os.listdir(os.path.join(os.environ["GTPO_CACHE"], "gguf"))  # the first file's conversion is dropped
+    source = json.load(open(os.path.join(os.environ["GTPO_CACHE"], "gguf", kept, "gguf_source.json")))
+    assert source["size"] == len(b"GGUF, another version")
 
 
 def test_a_failed_conversion_leaves_nothing_behind(fake_gguf, monkeypatch):

@@ -128,7 +128,27 @@ def converted_gguf(directory: str, file: str) -> str | None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    _drop_replaced_conversions(parent, dest, os.path.realpath(path), transformers.__version__)
     return dest
+
+
+def _drop_replaced_conversions(parent: str, keep: str, gguf: str, version: str) -> None:
+    """Delete the earlier conversions of the same GGUF path by the same transformers version (the file was replaced:
+    a reinstalled package), so that the cache does not grow by a model per reinstall."""
+    import json
+    import shutil
+
+    for name in os.listdir(parent):
+        d = os.path.join(parent, name)
+        if d == keep or name.startswith("."):
+            continue
+        try:
+            with open(os.path.join(d, "gguf_source.json")) as fh:
+                source = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if source.get("gguf") == gguf and source.get("transformers") == version:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _source(spec: str) -> tuple[str, str | None]:
