@@ -114,6 +114,7 @@ def build_bench_model(path: str, *, hidden_size: int = 256, num_layers: int = 4,
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+    from gtpo.run.checkpoint import move_into_place
     from gtpo.testing import build_tiny_tokenizer
 
     marker = os.path.join(path, "bench_model.json")
@@ -149,30 +150,8 @@ def build_bench_model(path: str, *, hidden_size: int = 256, num_layers: int = 4,
     tok.save_pretrained(path)
     with open(os.path.join(path, "bench_model.json"), "w") as fh:
         json.dump(spec, fh)
-    _move_into_place(path, final, built)
+    move_into_place(path, final, built)
     return final
-
-
-def _move_into_place(tmp: str, final: str, complete) -> None:
-    """Rename the finished directory ``tmp`` to ``final``: where ``final`` exists, keep it when ``complete()`` (another
-    process finished the same first) and replace it otherwise (an older build)."""
-    import shutil
-
-    try:
-        os.replace(tmp, final)
-        return
-    except OSError:
-        pass
-    if complete():
-        shutil.rmtree(tmp, ignore_errors=True)
-        return
-    shutil.rmtree(final, ignore_errors=True)
-    try:
-        os.replace(tmp, final)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not complete():
-            raise
 
 
 def bench_model(spec: dict) -> str:
@@ -437,6 +416,7 @@ def smollm2_model(completion_length: int | None = None) -> str:
     one except its generation config, which forces exactly T new tokens (``min_new_tokens = max_new_tokens =
     T``, as :func:`build_bench_model`'s): every trainer then samples the same tokens per step.
     """
+    from gtpo.run.checkpoint import move_into_place
     from gtpo.run.models import converted_gguf, smollm2_path
 
     base = converted_gguf(*smollm2_path())
@@ -458,7 +438,7 @@ def smollm2_model(completion_length: int | None = None) -> str:
     gen = GenerationConfig.from_pretrained(base)
     gen.min_new_tokens = gen.max_new_tokens = completion_length
     gen.save_pretrained(path)
-    _move_into_place(path, final, lambda: os.path.isfile(done))
+    move_into_place(path, final, lambda: os.path.isfile(done))
     return final
 
 

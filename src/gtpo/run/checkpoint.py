@@ -164,6 +164,27 @@ def commit(tmp_dir: str, final_dir: str, state: dict[str, Any]) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
+def move_into_place(tmp_dir: str, final_dir: str, complete) -> None:
+    """Rename the finished directory ``tmp_dir`` to ``final_dir`` where several processes may build the same one (a
+    converted model, a benchmark model): where ``final_dir`` already exists, keep it when ``complete()`` says it is
+    whole (another process finished first; ``tmp_dir`` is discarded), else replace it (an older or partial build)."""
+    try:
+        os.replace(tmp_dir, final_dir)
+        return
+    except OSError:
+        pass
+    if complete():
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        return
+    shutil.rmtree(final_dir, ignore_errors=True)
+    try:
+        os.replace(tmp_dir, final_dir)
+    except OSError:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        if not complete():
+            raise
+
+
 def rotate(output_dir: str, keep: int | None) -> None:
     """Delete the oldest complete checkpoints beyond ``keep`` (None or 0 keeps all)."""
     if keep is None or keep <= 0:

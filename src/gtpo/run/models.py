@@ -92,6 +92,8 @@ def converted_gguf(directory: str, file: str) -> str | None:
 
     import transformers
 
+    from .checkpoint import move_into_place
+
     path = os.path.join(directory, file)
     st = os.stat(path)
     key = hashlib.sha256(f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0{transformers.__version__}"
@@ -121,11 +123,7 @@ def converted_gguf(directory: str, file: str) -> str | None:
         with open(os.path.join(tmp, "gguf_source.json"), "w") as fh:  # written last: marks a complete directory
             json.dump({"gguf": os.path.realpath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
                        "transformers": transformers.__version__}, fh)
-        try:
-            os.replace(tmp, dest)
-        except OSError:  # another process renamed its complete copy into place first
-            if not os.path.isfile(os.path.join(dest, "gguf_source.json")):
-                raise
+        move_into_place(tmp, dest, lambda: os.path.isfile(os.path.join(dest, "gguf_source.json")))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _drop_replaced_conversions(parent, dest, os.path.realpath(path), transformers.__version__)
@@ -151,10 +149,9 @@ def _drop_replaced_conversions(parent: str, keep: str, gguf: str, version: str) 
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _source(spec: str) -> tuple[str, str | None]:
-    """``(directory or hub id, gguf file or None)`` to load ``spec`` from: a GGUF's converted directory where the
-    cache allows (:func:`converted_gguf`)."""
-    source, gguf = resolve_model_spec(spec)
+def _source(source: str, gguf: str | None) -> tuple[str, str | None]:
+    """``(directory or hub id, gguf file or None)`` to load a resolved spec (:func:`resolve_model_spec`) from: a
+    GGUF's converted directory where the cache allows (:func:`converted_gguf`)."""
     if gguf:
         converted = converted_gguf(source, gguf)
         if converted is not None:
@@ -247,7 +244,7 @@ def load_tokenizer(spec: str):
     """Tokenizer of a model spec (hub id, local dir, ``.gguf`` file, or ``smollm2-135m-instruct``)."""
     from transformers import AutoTokenizer
 
-    source, gguf = _source(spec)
+    source, gguf = _source(*resolve_model_spec(spec))
     _check_local_dir(source if not gguf else "", "tokenizer")
     try:
         return AutoTokenizer.from_pretrained(source, **({"gguf_file": gguf} if gguf else {}))
@@ -290,9 +287,10 @@ def load_model(spec: str, **kwargs):
     float32 by default (CPU training)."""
     from transformers import AutoModelForCausalLM
 
-    if resolve_model_spec(spec)[1] and (kwargs or {}).get("quantization_config") is not None:
+    source, gguf = resolve_model_spec(spec)
+    if gguf and kwargs.get("quantization_config") is not None:
         raise ValueError(f"{spec!r} is a GGUF file, dequantized on load; quantization_config cannot apply to it")
-    source, gguf = _source(spec)
+    source, gguf = _source(source, gguf)
     _check_local_dir(source if not gguf else "", "model")
     kwargs = model_init_kwargs(kwargs)
     try:
