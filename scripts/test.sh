@@ -6,8 +6,8 @@
 # The vLLM, verl and GPU-versions venvs are built in the background while the main suite installs and runs, at a
 # lower CPU and disk priority (nice, ionice), so that they take the time the main suite leaves (measured: a slice of
 # the main suite next to such a build took 107.8 s with the build at nice 0, 64.6 s at nice 10; the build 248 s
-# either way). Their logs are printed if they fail. Their tests run after the main suite, one part after the other: run alongside it on 2
-# cores, they slowed it more than they gained (issue 46 item 4, measured). Arguments go to the main suite's pytest;
+# either way). Their logs are printed if they fail. Their three suites run after the main suite, side by side (each
+# leaves a core partly idle: its subprocesses start one after another). Arguments go to the main suite's pytest;
 # SKIP_VLLM_TESTS=1 / SKIP_VERL_TESTS=1 / SKIP_GPUVERSIONS_TESTS=1 leave those parts out (e.g. while iterating).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,27 +45,36 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # 12.2 s CPU; test_journeys + test_decode_syncs + test_fast_paths 120 -> 73.6 s, 75.8 -> 45.6 s CPU). A caller's
 # OMP_NUM_THREADS is kept.
 # Two phases: the tests in two pytest-xdist worker processes (--dist loadfile: a file's tests in one worker, its
-# module fixtures built once), then the `launch` tests (several accelerate processes each, some with process-group
-# timeouts of a few seconds) in one process on their own. Measured on one machine, fresh clones (docs/performance.md,
-# issue 46, 2026-12-04): main suite 1556 s in one process, 826 + 495 s in the two phases. A phase that selects no test (a path
+# module fixtures built once), multi-process launches included, then the few `alone` tests (what they measure is a
+# process-group timeout of a few seconds, which another process's load could trip) in one process with nothing beside
+# them. Measured on one machine, fresh clones (docs/performance.md, issue 46). A phase that selects no test (a path
 # given as an argument holding none of its tests) is not a failure.
 phase() { python -m pytest "$@" || { rc=$?; [ "$rc" -eq 5 ] || return "$rc"; }; }
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-phase -q -n 2 --dist loadfile -m "not launch" --durations=25 "$@"  # testpaths (pyproject.toml): tests/, experiments/
-phase -q -m launch --durations=10 "$@"
+start=$SECONDS
+phase -q -n 2 --dist loadfile -m "not alone" --durations=25 "$@"  # testpaths (pyproject.toml): tests/, experiments/
+echo "scripts/test.sh: main suite in $((SECONDS - start)) s"; start=$SECONDS
+phase -q -m alone --durations=5 "$@"
+echo "scripts/test.sh: the alone tests in $((SECONDS - start)) s"
 deactivate
 installed() {  # wait for a background venv build; on failure print its log and fail
   wait "$1" || { cat "$logs/$2.log" >&2; echo "scripts/test.sh: building the $2 venv failed" >&2; exit 1; }
 }
-if [ "${SKIP_VLLM_TESTS:-0}" != 1 ]; then
-  installed "$vllm_pid" vllm
-  bash scripts/test-vllm.sh
-fi
-if [ "${SKIP_VERL_TESTS:-0}" != 1 ]; then
-  installed "$verl_pid" verl
-  bash scripts/test-verl.sh
-fi
+suites=()
+suite() {  # run a venv's tests in the background, output to its log
+  ( start=$SECONDS; rc=0; bash "$1" >"$logs/$2-tests.log" 2>&1 || rc=$?
+    echo "scripts/test.sh: the $2 tests in $((SECONDS - start)) s (exit $rc)" >>"$logs/$2-tests.log"; exit "$rc" ) &
+  suites+=("$!:$2"); pids+=("$!")
+}
+if [ "${SKIP_VLLM_TESTS:-0}" != 1 ]; then installed "$vllm_pid" vllm; suite scripts/test-vllm.sh vllm; fi
+if [ "${SKIP_VERL_TESTS:-0}" != 1 ]; then installed "$verl_pid" verl; suite scripts/test-verl.sh verl; fi
 if [ "${SKIP_GPUVERSIONS_TESTS:-0}" != 1 ]; then
-  installed "$gpuversions_pid" gpuversions
-  bash scripts/test-gpu-versions.sh
+  installed "$gpuversions_pid" gpuversions; suite scripts/test-gpu-versions.sh gpuversions
 fi
+failed=0
+for entry in "${suites[@]}"; do  # each suite's output in turn, in full, once it has finished
+  pid="${entry%%:*}"; name="${entry#*:}"
+  wait "$pid" || failed=1
+  cat "$logs/$name-tests.log"
+done
+[ "$failed" = 0 ] || { echo "scripts/test.sh: a venv's tests failed (output above)" >&2; exit 1; }

@@ -97,6 +97,7 @@ def test_two_processes_measure_what_one_measures_each_its_share(tiny_model_path,
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 @pytest.mark.launch
 @pytest.mark.parametrize("engine", ["gtpo", "trl"])
 def test_an_evaluation_longer_than_the_process_group_timeout_does_not_abort_the_run(tiny_model_path, tmp_path,

@@ -287,6 +287,7 @@ def test_a_killed_rank_ends_the_run_and_it_resumes_bitwise(tiny_model_path, tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 @pytest.mark.launch
 def test_a_hung_process_is_left_after_ddp_timeout(tiny_model_path, tmp_path):
     """Two one-process 'nodes' on loopback (no launcher sees both): rank 1 is stopped (SIGSTOP, its sockets stay

@@ -242,9 +242,12 @@ def _need_smollm2():
 
 
 def _demo_config(tmp_path):
+    # the default run through vLLM, on a smaller step (2 prompts x 4 completions of at most 16 tokens): what is
+    # checked (the engine's log-probs match the trainer's after every weight sync) does not depend on the step's size
     return ["--demo", "--use_vllm", "true", "--max_steps", "3", "--output_dir", str(tmp_path / "demo"),
             "--save_steps", "0", "--disable_tqdm", "true", "--eval_dataset.size", "8", "--dataset.size", "64",
-            "--log_completions_steps", "0"]
+            "--log_completions_steps", "0", "--prompts_per_step", "2", "--group_size", "4",
+            "--max_completion_length", "16"]
 
 
 @pytest.mark.smollm
