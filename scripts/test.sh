@@ -39,20 +39,23 @@ fi
 bash scripts/install.sh test
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# Bytecode is cached (Python's default): a machine that sets PYTHONDONTWRITEBYTECODE (these do) makes every pytest
+# process compile and assertion-rewrite each test module again, ~30 CPU-s of its collection (measured: 46 -> 17 s).
+unset PYTHONDONTWRITEBYTECODE
 # One torch thread per process (as its multi-process tests already set for their children, and as the bench commands
 # override with their --threads): its models are tiny, and on 2 cores a second intra-op thread mostly spins
 # (measured, other agents' load ~3: test_trainer_step + test_checkpoint + test_low_precision 30.4 -> 22.2 s, 17.4 ->
 # 12.2 s CPU; test_journeys + test_decode_syncs + test_fast_paths 120 -> 73.6 s, 75.8 -> 45.6 s CPU). A caller's
 # OMP_NUM_THREADS is kept.
 # Two phases: the tests in two pytest-xdist worker processes (--dist loadfile: a file's tests in one worker, its
-# module fixtures built once), multi-process launches included, then the few `alone` tests (what they measure is a
+# module fixtures built once; the longest files first, tests/conftest.py), multi-process launches included, then the few `alone` tests (what they measure is a
 # process-group timeout of a few seconds, which another process's load could trip) in one process with nothing beside
 # them. Measured on one machine, fresh clones (docs/performance.md, issue 46). A phase that selects no test (a path
 # given as an argument holding none of its tests) is not a failure.
 phase() { python -m pytest "$@" || { rc=$?; [ "$rc" -eq 5 ] || return "$rc"; }; }
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 start=$SECONDS
-phase -q -n 2 --dist loadfile -m "not alone" --durations=25 "$@"  # testpaths (pyproject.toml): tests/, experiments/
+phase -q -n 2 --dist loadfile --no-loadscope-reorder -m "not alone" --durations=25 "$@"  # testpaths (pyproject.toml): tests/, experiments/
 echo "scripts/test.sh: main suite in $((SECONDS - start)) s"; start=$SECONDS
 phase -q -m alone --durations=5 "$@"
 echo "scripts/test.sh: the alone tests in $((SECONDS - start)) s"

@@ -5,6 +5,7 @@ layer the CLI calls, no import cycle, no module importing the CLI, one loss sign
 from __future__ import annotations
 
 import ast
+import os
 import inspect
 from pathlib import Path
 
@@ -128,3 +129,16 @@ def test_the_groups_import_one_way():
     upward = sorted((m, t) for m, (targets, _) in GRAPH.items() for t in targets
                     if _group(m) != "gtpo" and _group(t) != _group(m) and LAYERS[_group(t)] >= LAYERS[_group(m)])
     assert upward == []
+
+
+def test_the_longest_first_list_names_test_files_that_exist():
+    """tests/conftest.py's scheduling hint names files of the suite (a renamed file would silently fall back)."""
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location("suite_conftest", os.path.join(here, "conftest.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    root = os.path.dirname(here)
+    assert len(set(mod.LONGEST_FIRST)) == len(mod.LONGEST_FIRST)
+    assert [p for p in mod.LONGEST_FIRST if not os.path.isfile(os.path.join(root, p))] == []
