@@ -1,5 +1,6 @@
 """Fast tests of the protocol's statistics and analysis (no training): hand-computed values."""
 
+import json
 import math
 import os
 import sys
@@ -1125,11 +1126,24 @@ def test_engines_rules_by_hand():
            "timing": {"train_cpu_s": 30.0, "attempts": 1}}
     assert ENGINES.step_time(run) == {"wall_median_s": 4.0, "cpu_per_step_s": 10.0}
     assert ENGINES.step_time(dict(run, timing={"train_cpu_s": 30.0, "attempts": 2}))["cpu_per_step_s"] is None
+    # an attempt killed before its end writes no timing: the next one's counts attempts 1, the re-logged steps tell
+    assert ENGINES.step_time(dict(run, resumed=True)) == {"wall_median_s": 4.0, "cpu_per_step_s": None}
     assert ENGINES.ratio([2.0, 8.0], [1.0, 2.0]) == pytest.approx(math.sqrt(8))  # ratios 2 and 4
     assert ENGINES.jobs()[:3] == [("gtpo", 0), ("trl", 0), ("gtpo", 1)] and len(ENGINES.jobs()) == 8
     g, t = ENGINES.argv_for("gtpo", 2), ENGINES.argv_for("trl", 2)
     assert g[:3] == ["--demo", "--seed", "2"] and "--engine" not in g
     assert t[t.index("--engine") + 1] == "trl" and [a for a in t if a not in ("--engine", "trl")][:-1] == g[:-1]
+
+
+def test_engines_tells_a_resumed_run_by_its_re_logged_steps(tmp_path):
+    from experiments.protocol.engines import ENGINES
+
+    line = lambda step, **kw: json.dumps({"step": step, "reward": 0.5, **kw}) + "\n"
+    (tmp_path / "metrics.jsonl").write_text(line(1) + line(2) + line(3) + json.dumps({"step": 3, "train_runtime": 9}))
+    assert not ENGINES.resumed(str(tmp_path))  # TRL's closing summary (no reward) is not a step
+    (tmp_path / "metrics.jsonl").write_text(line(1) + line(2) + line(3) + line(2) + line(3))  # resumed after step 1
+    assert ENGINES.resumed(str(tmp_path))
+    assert [s["step"] for s in ENGINES.steps_of(str(tmp_path))] == [1, 2, 3]
 
 
 def _engines_data(tmp_path, accs: dict) -> str:

@@ -97,12 +97,15 @@ class Engines(Design):
     @staticmethod
     def step_time(run: dict) -> dict:
         """One run's step time: the median of its per-step wall ``step_time`` and the training CPU seconds per step
-        (``timing['train_cpu_s']`` over the steps, None where an attempt was interrupted: not all its CPU counted)."""
+        (``timing['train_cpu_s']`` over the steps, None where an attempt was interrupted: not all its CPU counted;
+        ``resumed`` marks a run that logged a step twice, resumed after an attempt killed before it could record its
+        timing)."""
         walls = [s["step_time"] for s in run["steps"] if "step_time" in s]
         t = run.get("timing") or {}
         cpu = t.get("train_cpu_s")
+        whole = t.get("attempts") == 1 and not run.get("resumed")  # an attempt killed before its end records nothing
         return {"wall_median_s": statistics.median(walls) if walls else float("nan"),
-                "cpu_per_step_s": cpu / len(run["steps"]) if cpu and t.get("attempts") == 1 and run["steps"] else None}
+                "cpu_per_step_s": cpu / len(run["steps"]) if cpu and whole and run["steps"] else None}
 
     @staticmethod
     def ratio(trl: list[float], gtpo: list[float]) -> float:
@@ -196,6 +199,13 @@ class Engines(Design):
         self.work_loop()
 
     @staticmethod
+    def resumed(d: str) -> bool:
+        """Whether the run in ``d`` logged some step more than once: an attempt ended before the run's end (killed,
+        its timing never written) and the next resumed from a checkpoint, re-logging the steps after it."""
+        seen = [int(m["step"]) for m in read_jsonl(os.path.join(d, "metrics.jsonl")) if "reward" in m and "step" in m]
+        return len(seen) != len(set(seen))
+
+    @staticmethod
     def steps_of(d: str) -> list[dict]:
         """Every training step's numeric metrics of the run in ``d`` under the current names (both engines log the
         same ones: :func:`gtpo.run.metric_names.canonical_record`), the last line of a step winning (a resumed run
@@ -228,7 +238,7 @@ class Engines(Design):
                              "summary": json.load(open(os.path.join(d, "summary.json"))),
                              "timing": json.load(open(t)) if os.path.isfile(t := os.path.join(d, "timing.json")) else None,
                              "eval_after": json.load(open(os.path.join(d, "eval_after.json"))),
-                             "steps": self.steps_of(d)})
+                             "resumed": self.resumed(d), "steps": self.steps_of(d)})
             elif (arm, seed) in kept:
                 recs.append(kept[(arm, seed)])
         write_jsonl_gz(out, recs)

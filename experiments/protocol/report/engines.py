@@ -144,6 +144,15 @@ def section(path: str | None = None, *, use_git: bool | None = None, smol_path: 
                "seconds of a step and the training CPU seconds per step):\n")
     out.append(table(["seed", "gtpo", "TRL", "TRL − gtpo", "step s gtpo", "step s TRL", "CPU s/step gtpo",
                       "CPU s/step TRL"], rows) + "\n")
+    odd = [(a, s, r) for a in ENGINES.arm_names() for s, r in sorted(runs.get(a, {}).items())
+           if r.get("resumed") or (r.get("timing") or {}).get("attempts", 1) != 1]
+    if odd:
+        out.append("**Interrupted runs** (an attempt ended before the run did; the next resumed from the newest "
+                   "checkpoint and re-ran the steps after it, the last log of a step counting): "
+                   + "; ".join(f"{LABELS[a]} seed {s} (longest step {max(x.get('step_time', 0) for x in r['steps']):.0f} s, "
+                               f"median {res['times'][a][s]['wall_median_s']:.1f} s)" for a, s, r in odd)
+                   + ". A step that spans a pause of the machine is that long; the median is not moved by one such "
+                   "step, and their CPU seconds per step are not counted (—): the killed attempt recorded none.\n")
     rep = res["reproduction"] = reproduction(runs, smol_path)
     if rep:
         out.append(f"**Reruns of gtpo's engine** (beside the design: the same settings ran before with one thread, "
