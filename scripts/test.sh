@@ -55,7 +55,7 @@ unset PYTHONDONTWRITEBYTECODE
 phase() { python -m pytest "$@" || { rc=$?; [ "$rc" -eq 5 ] || return "$rc"; }; }
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 start=$SECONDS
-phase -q -n 2 --dist loadfile --no-loadscope-reorder -m "not alone" --durations=25 "$@"  # testpaths (pyproject.toml): tests/, experiments/
+phase -q -n 2 --dist loadfile --no-loadscope-reorder -m "not alone and not gpuversions" --durations=25 "$@"  # testpaths (pyproject.toml): tests/, experiments/
 echo "scripts/test.sh: main suite in $((SECONDS - start)) s"; start=$SECONDS
 phase -q -m alone --durations=5 "$@"
 echo "scripts/test.sh: the alone tests in $((SECONDS - start)) s"

@@ -465,8 +465,10 @@ def test_deepspeed_zero3_config_parses_and_fits_the_trl_path():
 
 # ----------------------------------------------------------------------------- the GPU check's CPU path
 @pytest.mark.slow
+@pytest.mark.gpuversions
 def test_gpu_check_runs_on_cpu_quick(tmp_path):
-    """bench/gpu_check.py runs on a lent GPU (scripts/gpu-check.sh); its code path is kept working here."""
+    """bench/gpu_check.py runs on a lent GPU (scripts/gpu-check.sh); its code path is kept working here. CI runs it
+    in .venv-gpuversions (scripts/test-gpu-versions.sh): the GPU machine's versions, DeepSpeed for its ZeRO parts."""
     script = os.path.join(os.path.dirname(__file__), "..", "bench", "gpu_check.py")
     env = {**os.environ, "OUT": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, script, "--cpu", "--quick"], capture_output=True, text=True, env=env,

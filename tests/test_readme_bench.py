@@ -15,15 +15,17 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 
-#: the smallest run of each benchmark the README shows (appended: argparse keeps the last value of an option)
+#: the smallest run of each benchmark the README shows (appended: argparse keeps the last value of an option), on one
+#: torch thread as every test process (scripts/test.sh): a second thread beside the other test worker stalls
+#: (measured, trainer_vs_trl's SmolLM2 run alone: 64 s wall on 2 threads, 35 s on 1; 221 s on 2 beside a worker)
 QUICK = {
     "trainer_vs_trl.py": ["--steps", "1", "--warmup", "0", "--prompts", "1", "--group", "2", "--length", "4",
-                          "--memory-steps", "0"],
+                          "--memory-steps", "0", "--threads", "1"],
     "gtpo_overhead.py": ["--steps", "1", "--warmup", "0", "--replays", "1", "--prompts", "1", "--group", "2",
-                         "--length", "4"],
+                         "--length", "4", "--threads", "1"],
     "default_dtype.py": ["--steps", "1", "--warmup", "0", "--max-completion-length", "4", "--prompts", "1", "--group",
-                         "2"],
-    "decode_loop.py": ["--settings", "tiny", "--rounds", "1"],
+                         "2", "--threads", "1"],
+    "decode_loop.py": ["--settings", "tiny", "--rounds", "1", "--threads", "1"],
     "gpu_check.py": ["--cpu", "--quick"],  # a GPU's parts on toy sizes (the README quotes what a GPU measured)
 }
 #: what each prints at the end of a complete run
