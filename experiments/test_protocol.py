@@ -1070,7 +1070,8 @@ def test_claims3to6_design_analyses_on_synthetic_records():
     """The report's reading of the two declared designs' data: claim 4 -- seed 300 ran both arms (the filter never
     acted, identical steps: the check holds), seed 301's filter acted and only its no-filter run crossed ln 2,
     seed 302 ran GTPO only (filter never acted: its no-filter outcome is its GTPO run's); claim 5 -- three seeds,
-    OnlyNeg minus full 0.01, -0.01, 0.0 (mean 0)."""
+    OnlyNeg minus full 0.01, -0.01, 0.0 (mean 0); neither tested before all its declared runs (the stopping
+    rule), then tested on the completed synthetic sets."""
     from experiments.protocol.report import claims3to6 as c
 
     low = [{"entropy/mean": 0.1, "reward/mean": 10.0, "gtpo/filtered_frac": 0.0}] * 10
@@ -1084,13 +1085,21 @@ def test_claims3to6_design_analyses_on_synthetic_records():
     h = c.horizon(None, recs)
     assert h["pairs"] == {300: (False, False), 301: (False, True), 302: (False, False)}
     assert h["collapsed"][301] == (False, True) and h["identical"] is True
-    assert (h["verdict"], h["p"]) == ("not decided", 1.0)  # 1 discordant pair: McNemar p = 1
+    assert "verdict" not in h and h["running"] == {"gtpo": 3, "pairs": 3}  # the stopping rule: no test before all 12
     assert h["n"] == 12 and h["k"] == 6 and h["power"][0.5] == pytest.approx(2510 / 4096)
+    full = c.horizon(None, recs + [{"kind": "final", "arm": "gtpo", "seed": s, "steps": low} for s in range(303, 312)])
+    assert (full["verdict"], full["p"]) == ("not decided", 1.0) and "running" not in full  # 1 discordant pair: p = 1
+    waiting = c.horizon(None, recs[:2] + [{"kind": "final", "arm": "gtpo", "seed": s, "steps": acted} for s in range(301, 312)])
+    assert waiting["running"] == {"gtpo": 12, "pairs": 1}  # 11 no-filter runs the stopping rule asks for still missing
+    accs = {100: (0.30, 0.31), 101: (0.40, 0.39), 102: (0.20, 0.20)}
+    accs.update({s: (0.25, 0.25) for s in range(103, 124)})
     runs = [{"kind": "final", "arm": a, "seed": s, "summary": {"accuracy_after": acc}, "steps": []}
-            for s, (f, o) in zip((100, 101, 102), ((0.30, 0.31), (0.40, 0.39), (0.20, 0.20))) for a, acc in (("full", f), ("onlyneg", o))]
-    o = c.onlyneg(None, runs)
+            for s, (f, o) in accs.items() for a, acc in (("full", f), ("onlyneg", o))]
+    o = c.onlyneg(None, runs[:6])
     assert o["seeds"] == [100, 101, 102] and o["diffs"] == pytest.approx([0.01, -0.01, 0.0])
-    assert o["verdict"] == "not reproduced" and o["t"]["mean"] == pytest.approx(0.0, abs=1e-12)
+    assert "verdict" not in o and o["running"] == 3  # no test before all 24 pairs
+    o = c.onlyneg(None, runs)
+    assert len(o["seeds"]) == 24 and o["verdict"] == "not reproduced" and o["t"]["mean"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_engines_rules_by_hand():

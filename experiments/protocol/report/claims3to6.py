@@ -314,7 +314,11 @@ def horizon(c7b_res: dict | None, records: list[dict] | None = None) -> dict:
         collapsed[s] = tuple(HORIZON.collapsed([x["reward/mean"] for x in r["steps"]], bool(r.get("stopped")))
                              for r in (f, nf))
     out["pairs"], out["collapsed"] = pairs, collapsed
-    out["verdict"], out["p"] = HORIZON.verdict(list(pairs.values()))
+    n_gtpo = sum(1 for s in HORIZON.seeds if (HORIZON.filter_arm, s) in by)
+    if n_gtpo == n and len(pairs) == n:  # the stopping rule: the test once every declared run has finished
+        out["verdict"], out["p"] = HORIZON.verdict(list(pairs.values()))
+    else:
+        out["running"] = {"gtpo": n_gtpo, "pairs": len(pairs)}
     out["check"] = check_runs(records, os.path.basename(HORIZON.data))
     c = HORIZON.check_seed
     if (HORIZON.filter_arm, c) in by and (HORIZON.nofilter_arm, c) in by and not HORIZON.acted(by[(HORIZON.filter_arm, c)]["steps"]):
@@ -334,7 +338,11 @@ def _horizon_text(h: dict, cost_h: float) -> str:
                f"{h['n']} pairs at α = {HORIZON.alpha}, power {100 * POWER:.0f} %." if "mdd" in h else "")
             + f" Cost at the committed per-step time: {cost_h:.2f} CPU-hours a run.\n",
             design_paragraph(HORIZON)]
-    if "pairs" in h:
+    if "running" in h:
+        r = h["running"]
+        text.append(f"**Running:** {r['gtpo']} of {h['n']} GTPO runs finished, {r['pairs']} of {h['n']} pairs complete; "
+                    "by the stopping rule no test is computed before all. " + describe(h["check"]) + ".\n")
+    elif "pairs" in h:
         nf = sum(1 for _, x in h["pairs"].values() if x)
         fi = sum(1 for x, _ in h["pairs"].values() if x)
         text.append(f"**Result: {h['verdict']}.** {len(h['pairs'])} pairs: the entropy crossed ln 2 in {nf} no-filter "
@@ -366,9 +374,11 @@ def onlyneg(pair: dict | None, records: list[dict] | None = None) -> dict:
     diffs = [by[(ONLYNEG.onlyneg, s)]["summary"]["accuracy_after"] - by[(ONLYNEG.full, s)]["summary"]["accuracy_after"]
              for s in seeds]
     out["seeds"], out["diffs"] = seeds, diffs
-    if len(diffs) >= 3:
+    if len(diffs) == n:  # the stopping rule: the test once every declared pair has finished
         out["verdict"], out["t"] = ONLYNEG.verdict(diffs)
         out["mdd_own"] = stats.mdd_paired(out["t"]["sd"], len(diffs), alpha=ONLYNEG.alpha, power=POWER)
+    else:
+        out["running"] = len(diffs)
     out["check"] = check_runs(records, os.path.basename(ONLYNEG.data))
     return out
 
@@ -376,12 +386,15 @@ def onlyneg(pair: dict | None, records: list[dict] | None = None) -> dict:
 def _onlyneg_text(o: dict) -> str:
     a, e = o.get("accuracy_after"), o.get("entropy_last5")
     text = [f"**Declared design for claim 5** (`experiments/protocol/claim5.py`, `designs/{ONLYNEG.text}`"
-            + ("" if "verdict" in o else "; not run yet") + f"). Power, recomputed from the committed SmolLM2 pair "
+            + ("" if "seeds" in o else "; not run yet") + f"). Power, recomputed from the committed SmolLM2 pair "
             "(fixed τ 0.7 filter minus no filter, same settings)"
             + (f": accuracy after training, paired SD {100 * a['sd']:.1f} points ({a['n_sd']} seeds), so an MDD of "
                f"{100 * a['mdd']:.1f} points with {o['n']} pairs; last-5-step entropy, SD {e['sd']:.3f} nats, MDD "
                f"{e['mdd']:.3f}; α = {ONLYNEG.alpha}, power {100 * POWER:.0f} %." if a else ": not available.") + "\n",
             design_paragraph(ONLYNEG)]
+    if "running" in o:
+        text.append(f"**Running:** {o['running']} of {o['n']} pairs finished; by the stopping rule no test is computed "
+                    f"before all. {describe(o['check'])}.\n")
     if "verdict" in o:
         t = o["t"]
         text.append(f"**Result: {o['verdict']}.** OnlyNeg minus full filter, accuracy after training: "
@@ -492,7 +505,8 @@ def section(c7b_res: dict | None = None) -> tuple[str, dict]:
         label4 = f"{h['verdict']} (declared design, {len(h['pairs'])} of {h['n']} pairs, McNemar p = {fmt_p(h['p'])})"
     else:
         label4 = (f"testable with new runs: a design is declared ({h['n']} paired seeds x {steps_needed} steps on the "
-                  f"tiny model, power {100 * h['power'][0.6]:.0f} % if 60 % of no-filter runs cross ln 2), not run yet")
+                  f"tiny model, power {100 * h['power'][0.6]:.0f} % if 60 % of no-filter runs cross ln 2), "
+                  + (f"running ({h['running']['gtpo']} of {h['n']} GTPO runs finished)" if "running" in h else "not run yet"))
     v4 = (label4,
           f"With the filter never acting (claim 3), every claim-7 GTPO run is also a run of γ 0.1 without the filter "
           f"(the same updates), and so are the attribution's GRPO + γ runs (filter off): over 150 steps {tiny_ent}, and "
@@ -512,7 +526,7 @@ def section(c7b_res: dict | None = None) -> tuple[str, dict]:
         label5 = ("not testable on the tiny model (the filter does not act there); testable on SmolLM2, where it "
                   f"does: a design is declared ({o['n']} paired seeds, MDD "
                   + (f"{100 * o['accuracy_after']['mdd']:.0f} points of accuracy" if "accuracy_after" in o else "n/a")
-                  + "), not run yet")
+                  + "), " + (f"running ({o['running']} of {o['n']} pairs finished)" if "running" in o else "not run yet"))
     else:
         label5 = "not decided"
     v5 = (label5,
