@@ -157,6 +157,32 @@ def test_compile_applies_to_the_training_forward_not_to_sampling(tiny_model_path
     torch.testing.assert_close(compiled[0], eager[0], rtol=0, atol=0)  # aot_eager: the same kernels
 
 
+def test_the_compiled_training_forward_is_one_graph(tiny_model_path):
+    """The groups of rows sharing a prompt are found outside the compiled body (data-dependent: ``nonzero``), so
+    dynamo traces the decoder over the shared prompt cache and the chunked head as one graph; before, the search
+    broke it into three."""
+    from gtpo.run.models import load_model
+    from gtpo.sampling.policy import PolicyForward
+
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    model = load_model(tiny_model_path).train()
+    prompts = torch.randint(3, 50, (2, 6)).repeat_interleave(3, dim=0)  # 2 prompts x 3 rows: groups to share
+    ids = torch.cat([prompts, torch.randint(3, 50, (6, 4))], dim=1)
+    mask, completion = torch.ones_like(ids), ids[:, 6:]
+    logp, _ = PolicyForward(model, compile={"backend": counting_backend})(ids, mask, completion)
+    eager, _ = PolicyForward(model)(ids, mask, completion)
+    assert len(graphs) == 1, [g.code for g in graphs]
+    torch.testing.assert_close(logp, eager, rtol=0, atol=0)  # the traced graph runs the same kernels
+    logp.sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
 def test_a_compiled_run_trains_as_the_eager_one(tiny_model_path, tmp_path, capsys):
     """`torch_compile: true` (inductor: this machine has a C++ compiler) gives the eager run's losses and rewards on
     2 steps, within float32 rounding (inductor fuses and reorders float32 reductions)."""

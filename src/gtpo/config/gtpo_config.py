@@ -572,7 +572,8 @@ class GTPOConfig:
         False,
         "Compile the training forward with torch.compile (TRL's and transformers' torch_compile): on gtpo's trainer "
         "the policy's log-prob forward (decoder and chunked LM head: the training step, the old and reference "
-        "log-probs); sampling (the decode loop, vLLM) stays uncompiled. Setting torch_compile_backend or "
+        "log-probs), one graph (the rows sharing a prompt are grouped before it); sampling (the decode loop, vLLM) "
+        "stays uncompiled. Setting torch_compile_backend or "
         "torch_compile_mode turns it on, as in transformers. The first steps are slower (compilation, and one "
         "recompilation when the sequence length first changes; shapes are dynamic from then on). The default "
         "backend, inductor, needs a C++ compiler on CPU and Triton on GPU. TRL's engine: passed as it is "

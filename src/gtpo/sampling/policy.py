@@ -18,7 +18,21 @@ from ..run.models import unwrap_peft
 from .padding import position_ids
 from .shared_prefix import cache_kwarg, prompt_groups, shared_prompt_cache, sharing_is_exact
 
-__all__ = ["PolicyForward", "completion_hidden_states"]
+__all__ = ["PolicyForward", "completion_hidden_states", "prompt_sharing"]
+
+
+def prompt_sharing(decoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   completion_length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The groups :func:`completion_hidden_states` computes each prompt of once: ``(first (U,), inverse (N,))``
+    (:func:`prompt_groups` over the prompts without their last token), or None where sharing would not be exact
+    (:func:`sharing_is_exact`), no two consecutive rows share a prompt, or the prompts are one token long.
+
+    ``input_ids (N, S + T)``, ``attention_mask (N, S + T)``, ``completion_length`` T. Data-dependent (one host
+    sync: the number of groups), so :class:`PolicyForward` calls it outside the compiled forward."""
+    prefix = input_ids.shape[1] - completion_length - 1  # shared tokens: the prompt without its last token
+    if prefix <= 0 or not sharing_is_exact(decoder):
+        return None
+    return prompt_groups(input_ids[:, :prefix], attention_mask[:, :prefix])
 
 
 def completion_hidden_states(
@@ -28,6 +42,7 @@ def completion_hidden_states(
     completion_length: int,
     *,
     share_prompts: bool = True,
+    groups: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Last hidden states ``(N, T, D)`` that predict the completion tokens (with gradients).
 
@@ -38,6 +53,8 @@ def completion_hidden_states(
         completion_length: ``T``.
         share_prompts: compute each run of identical prompts (a group) once (see the module
             docstring); False always runs the plain forward.
+        groups: the groups of :func:`prompt_sharing`, found beforehand (a compiled caller finds them outside
+            the compiled region: they are data-dependent); None with ``share_prompts`` finds them here.
 
     Returns:
         ``hidden (N, T, D)``: the final-norm hidden state at positions ``S - 1 .. S + T - 2``,
@@ -62,9 +79,10 @@ def completion_hidden_states(
     t = completion_length
     positions = position_ids(attention_mask)  # (N, S+T)
     prefix = width - t - 1  # shared tokens: the prompt without its last token
-    groups = None
-    if share_prompts and prefix > 0 and sharing_is_exact(decoder):
-        groups = prompt_groups(input_ids[:, :prefix], attention_mask[:, :prefix])
+    if not share_prompts:
+        groups = None
+    elif groups is None:
+        groups = prompt_sharing(decoder, input_ids, attention_mask, t)
     cache = None
     if groups is not None:
         cache = shared_prompt_cache(decoder, input_ids[:, :prefix], attention_mask[:, :prefix],
@@ -122,17 +140,19 @@ class PolicyForward(nn.Module):
         """``input_ids (N, S+T)``, ``attention_mask (N, S+T)``, ``completion_ids (N, T)`` ->
         ``logp (N, T)`` (with grad) and ``entropy (N, T)`` (no grad), float32 for half-precision models."""
         body = self._forward if self._compiled is None else self._compiled
+        base = unwrap_peft(self.model)
+        # the prompts' groups, found here, outside a compiled body: finding them is data-dependent (a graph break)
+        groups = None if _special_head(base.config) else prompt_sharing(
+            base.get_decoder(), input_ids, attention_mask, completion_ids.shape[1])
         if self.compute_dtype is None:
-            return body(input_ids, attention_mask, completion_ids, temperature)
+            return body(input_ids, attention_mask, completion_ids, temperature, groups)
         with torch.autocast(device_type=input_ids.device.type, dtype=self.compute_dtype):
-            return body(input_ids, attention_mask, completion_ids, temperature)
+            return body(input_ids, attention_mask, completion_ids, temperature, groups)
 
-    def _forward(self, input_ids, attention_mask, completion_ids, temperature):
+    def _forward(self, input_ids, attention_mask, completion_ids, temperature, groups):
         base = unwrap_peft(self.model)
         t = completion_ids.shape[1]
-        config = base.config
-        special_head = getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)
-        if special_head:  # models that post-process logits: use the full head (rare; exact)
+        if _special_head(base.config):  # models that post-process logits: use the full head (rare; exact)
             logits = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
                           use_cache=False, logits_to_keep=t + 1).logits[:, :-1].float() / temperature
             logp_all = torch.log_softmax(logits, dim=-1)
@@ -141,7 +161,8 @@ class PolicyForward(nn.Module):
             return logp, entropy
         # (N, T, D): the state before each completion token; the prompt shared by the rows of a
         # group runs once per group, not once per row (exact; completion_hidden_states)
-        hidden = completion_hidden_states(base.get_decoder(), input_ids, attention_mask, t)
+        hidden = completion_hidden_states(base.get_decoder(), input_ids, attention_mask, t,
+                                          share_prompts=groups is not None, groups=groups)
         head = base.get_output_embeddings()
         weight, bias = head.weight, getattr(head, "bias", None)
         if self.compute_dtype is not None:  # the head's matmul in the compute dtype (autocast is off inside)
@@ -152,3 +173,9 @@ class PolicyForward(nn.Module):
         return token_logprobs_and_entropy(
             hidden, weight, completion_ids, temperature=temperature, chunk_size=self.chunk_size, bias=bias,
         )
+
+
+def _special_head(config) -> bool:
+    """Whether the model post-processes its logits (``final_logit_softcapping``, ``logit_scale``): the policy
+    forward then runs the full head."""
+    return bool(getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None))
