@@ -1091,6 +1091,7 @@ def test_claims3to6_design_analyses_on_synthetic_records():
     assert (full["verdict"], full["p"]) == ("not decided", 1.0) and "running" not in full  # 1 discordant pair: p = 1
     waiting = c.horizon(None, recs[:2] + [{"kind": "final", "arm": "gtpo", "seed": s, "steps": acted} for s in range(301, 312)])
     assert waiting["running"] == {"gtpo": 12, "pairs": 1}  # 11 no-filter runs the stopping rule asks for still missing
+    assert c.horizon(None, recs[:1])["running"] == {"gtpo": 1, "pairs": 0}  # the check seed runs both arms
     accs = {100: (0.30, 0.31), 101: (0.40, 0.39), 102: (0.20, 0.20)}
     accs.update({s: (0.25, 0.25) for s in range(103, 124)})
     runs = [{"kind": "final", "arm": a, "seed": s, "summary": {"accuracy_after": acc}, "steps": []}

@@ -315,10 +315,13 @@ def horizon(c7b_res: dict | None, records: list[dict] | None = None) -> dict:
                              for r in (f, nf))
     out["pairs"], out["collapsed"] = pairs, collapsed
     n_gtpo = sum(1 for s in HORIZON.seeds if (HORIZON.filter_arm, s) in by)
-    if n_gtpo == n and len(pairs) == n:  # the stopping rule: the test once every declared run has finished
+    # a pair is complete when its no-filter run is not needed (the filter never acted) or has finished; the check
+    # seed always runs both arms
+    n_pairs = sum(1 for s in pairs if s != HORIZON.check_seed or (HORIZON.nofilter_arm, s) in by)
+    if n_gtpo == n and n_pairs == n:  # the stopping rule: the test once every declared run has finished
         out["verdict"], out["p"] = HORIZON.verdict(list(pairs.values()))
     else:
-        out["running"] = {"gtpo": n_gtpo, "pairs": len(pairs)}
+        out["running"] = {"gtpo": n_gtpo, "pairs": n_pairs}
     out["check"] = check_runs(records, os.path.basename(HORIZON.data))
     c = HORIZON.check_seed
     if (HORIZON.filter_arm, c) in by and (HORIZON.nofilter_arm, c) in by and not HORIZON.acted(by[(HORIZON.filter_arm, c)]["steps"]):
@@ -622,10 +625,12 @@ def status_rows(res: dict) -> list[list[str]]:
     """The claim-4 and claim-5 designs' rows of "Where the protocol stands"."""
     h, o = res.get("horizon") or {}, res.get("onlyneg") or {}
     return [["claim 4, the long horizon (issue 45 item 2; declared)",
-             f"{len(h['pairs'])} of {h['n']} pairs. {describe(h['check'])}" if "pairs" in h else
+             (f"{h['running']['gtpo']} of {h['n']} GTPO runs, {h['running']['pairs']} of {h['n']} pairs complete (running). "
+              if "running" in h else f"{len(h['pairs'])} of {h['n']} pairs. ") + describe(h["check"]) if "pairs" in h else
              f"declared, not run yet: {h.get('n', len(HORIZON.seeds))} paired seeds x {HORIZON.steps} steps",
              f"`experiments/data/{os.path.basename(HORIZON.data)}`" if "pairs" in h else "—"],
             ["claim 5, OnlyNeg on SmolLM2 (issue 45 item 2; declared)",
-             f"{len(o['diffs'])} of {o['n']} pairs. {describe(o['check'])}" if "check" in o else
+             f"{len(o['diffs'])} of {o['n']} pairs" + (" (running)" if "running" in o else "")
+             + f". {describe(o['check'])}" if "check" in o else
              f"declared, not run yet: {o.get('n', len(ONLYNEG.seeds))} paired seeds x 2 arms",
              f"`experiments/data/{os.path.basename(ONLYNEG.data)}`" if "check" in o else "—"]]
